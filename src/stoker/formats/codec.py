@@ -1,0 +1,98 @@
+"""Block codec: zstd, an optional trained dictionary, an optional byte-shuffle filter.
+
+A block record is ``tokens frame + bounds frame``:
+
+- tokens frame: zstd of the block's token ids (little-endian ``uint16`` or
+  ``uint32``), byte-shuffled first when ``shuffle`` is on (all first bytes of
+  every token, then all second bytes, ...);
+- bounds frame: zstd of the ``uint32`` offsets, inside the block, of the
+  documents that start in it.
+
+The xxh64 of the whole record is kept in the block index.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import xxhash
+import zstandard
+
+
+def shuffle_bytes(tokens: np.ndarray) -> bytes:
+    width = tokens.dtype.itemsize
+    return tokens.view(np.uint8).reshape(-1, width).T.tobytes()
+
+
+def unshuffle_bytes(data: bytes | memoryview, dtype: np.dtype) -> np.ndarray:
+    width = dtype.itemsize
+    planes = np.frombuffer(data, dtype=np.uint8).reshape(width, -1)
+    return np.ascontiguousarray(planes.T).view(dtype).reshape(-1)
+
+
+def checksum(*parts: bytes | memoryview) -> int:
+    h = xxhash.xxh64()
+    for part in parts:
+        h.update(part)
+    return h.intdigest()
+
+
+class BlockCodec:
+    """Encodes and decodes block records. Safe to share between threads."""
+
+    def __init__(
+        self, dtype: np.dtype, level: int = 3, shuffle: bool = False, dictionary: bytes | None = None
+    ) -> None:
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.level = level
+        self.shuffle = shuffle
+        self._dict_bytes = dictionary
+        self._dict = zstandard.ZstdCompressionDict(dictionary) if dictionary else None
+        self._local = threading.local()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"dtype": self.dtype, "level": self.level, "shuffle": self.shuffle, "dictionary": self._dict_bytes}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def _cctx(self) -> zstandard.ZstdCompressor:
+        c = getattr(self._local, "c", None)
+        if c is None:
+            kwargs = {"dict_data": self._dict} if self._dict is not None else {}
+            c = self._local.c = zstandard.ZstdCompressor(level=self.level, **kwargs)
+        return c
+
+    def _dctx(self) -> zstandard.ZstdDecompressor:
+        d = getattr(self._local, "d", None)
+        if d is None:
+            kwargs = {"dict_data": self._dict} if self._dict is not None else {}
+            d = self._local.d = zstandard.ZstdDecompressor(**kwargs)
+        return d
+
+    def encode(self, tokens: np.ndarray, doc_starts: np.ndarray) -> tuple[bytes, bytes]:
+        """The two frames of a block."""
+        tokens = np.ascontiguousarray(tokens, dtype=self.dtype)
+        raw = shuffle_bytes(tokens) if self.shuffle else tokens.tobytes()
+        cctx = self._cctx()
+        bounds = np.ascontiguousarray(doc_starts, dtype="<u4").tobytes()
+        return cctx.compress(raw), cctx.compress(bounds)
+
+    def decode(
+        self, record: bytes | memoryview, token_bytes: int, num_tokens: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and document starts of a block record (read-only arrays)."""
+        view = memoryview(record)
+        dctx = self._dctx()
+        raw = dctx.decompress(view[:token_bytes], max_output_size=num_tokens * self.dtype.itemsize)
+        if len(raw) != num_tokens * self.dtype.itemsize:
+            raise ValueError(f"block holds {len(raw)} bytes of tokens, expected {num_tokens} tokens")
+        tokens = unshuffle_bytes(raw, self.dtype) if self.shuffle else np.frombuffer(raw, self.dtype)
+        bounds_raw = dctx.decompress(view[token_bytes:]) if len(view) > token_bytes else b""
+        return tokens, np.frombuffer(bounds_raw, dtype="<u4")
+
+
+def train_dictionary(samples: list[bytes], size: int = 112 * 1024) -> bytes:
+    """A zstd dictionary trained on raw block bytes."""
+    return zstandard.train_dictionary(size, samples).as_bytes()

@@ -1,0 +1,381 @@
+"""Writing token datasets.
+
+Documents (integer arrays) are appended to one token stream, an EOS id after
+each when asked, and the stream is cut into blocks of ``block_tokens``. Blocks
+are compressed on a thread pool and written in order into data files named
+with a fresh dataset id. The manifest is written last and atomically: until it
+exists nothing reads as a dataset, and an interrupted write leaves only files
+that no manifest names.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from stoker.errors import InputError
+from stoker.formats.codec import BlockCodec, checksum, train_dictionary
+from stoker.manifest import (
+    INDEX_DTYPE,
+    MANIFEST_NAME,
+    Compression,
+    FileRef,
+    Manifest,
+    TokenizerInfo,
+)
+from stoker.storage import Storage
+
+#: Defaults chosen by benchmarks/compression.py (see docs/benchmarks.md).
+DEFAULT_BLOCK_TOKENS = 1 << 18
+DEFAULT_LEVEL = 3
+DEFAULT_SHUFFLE = False
+DICT_SAMPLE_BLOCKS = 32
+FILE_TARGET_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How blocks are laid out and compressed."""
+
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    level: int = DEFAULT_LEVEL
+    shuffle: bool = DEFAULT_SHUFFLE
+    dictionary: bool = False
+    dictionary_size: int = 112 * 1024
+    blocks_per_file: int | None = None
+    threads: int = max(1, min(8, os.cpu_count() or 1))
+
+
+def dtype_for(vocab_size: int) -> str:
+    if vocab_size <= 1 << 16:
+        return "uint16"
+    if vocab_size <= 1 << 32:
+        return "uint32"
+    raise InputError(f"vocab_size {vocab_size} does not fit uint32")
+
+
+def tokenizer_info(path: str, eos_token: str | None) -> tuple[TokenizerInfo, bytes]:
+    data = open(path, "rb").read()
+    return (
+        TokenizerInfo(
+            name=os.path.basename(path), sha256=hashlib.sha256(data).hexdigest(), eos_token=eos_token
+        ),
+        data,
+    )
+
+
+class TokenWriter:
+    """Streams documents into a new token dataset at ``url``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        vocab_size: int,
+        eos_id: int | None = None,
+        append_eos: bool = True,
+        options: WriteOptions | None = None,
+        tokenizer: TokenizerInfo | None = None,
+        tokenizer_json: bytes | None = None,
+        storage_options: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.opts = opts = options or WriteOptions()
+        if opts.block_tokens < 1:
+            raise InputError(f"block_tokens must be >= 1, got {opts.block_tokens}")
+        if eos_id is not None and not 0 <= eos_id < vocab_size:
+            raise InputError(f"eos_id {eos_id} is outside the vocabulary [0, {vocab_size})")
+        self.storage = Storage(url, storage_options)
+        self.old: Manifest | None = None
+        if self.storage.exists(MANIFEST_NAME):
+            if not overwrite:
+                raise InputError(
+                    f"{self.storage.url_of(MANIFEST_NAME)} exists; pass overwrite=True "
+                    "(--overwrite) to replace the dataset"
+                )
+            from stoker.formats.tokens import read_manifest
+
+            try:
+                self.old = read_manifest(self.storage)
+            except Exception:
+                self.old = None
+        self.vocab_size = vocab_size
+        self.dtype = np.dtype(dtype_for(vocab_size))
+        self.eos_id = eos_id if append_eos else None
+        self.eos_keep = eos_id
+        self.tokenizer = tokenizer
+        self.tokenizer_json = tokenizer_json
+        self.id = uuid.uuid4().hex[:16]
+        raw_block = opts.block_tokens * self.dtype.itemsize
+        self.blocks_per_file = opts.blocks_per_file or max(1, FILE_TARGET_BYTES // raw_block)
+        self._pending: list[np.ndarray] = []
+        self._pending_len = 0
+        self._pending_starts: list[int] = []
+        self._held: list[tuple[np.ndarray, np.ndarray]] = []  # blocks kept to train a dictionary
+        self._codec: BlockCodec | None = None
+        self._dictionary: bytes | None = None
+        self._pool = ThreadPoolExecutor(opts.threads, thread_name_prefix="stoker-write")
+        self._inflight: deque[Future[tuple[bytes, bytes, int]]] = deque()
+        self._index: list[tuple[int, int, int, int, int]] = []
+        self._files: list[FileRef] = []
+        self._file: Any = None
+        self._file_pos = 0
+        self._written_paths: list[str] = []
+        self.num_tokens = 0
+        self.num_documents = 0
+        self.compressed_bytes = 0
+        self._closed = False
+
+    # -- input ---------------------------------------------------------------
+    def add(self, document: ArrayLike) -> None:
+        """Append one document (token ids)."""
+        doc = np.asarray(document)
+        if doc.ndim != 1:
+            raise InputError(f"document {self.num_documents} is not 1-D (shape {doc.shape})")
+        if doc.size and not np.issubdtype(doc.dtype, np.integer):
+            raise InputError(f"document {self.num_documents} has dtype {doc.dtype}, expected integers")
+        if doc.size and (doc.min() < 0 or doc.max() >= self.vocab_size):
+            bad = int(doc.max() if doc.max() >= self.vocab_size else doc.min())
+            raise InputError(
+                f"document {self.num_documents} holds token id {bad} outside [0, {self.vocab_size})"
+            )
+        if self.eos_id is not None:
+            doc = np.append(doc, self.eos_id)
+        if doc.size == 0:
+            return
+        self._pending_starts.append(self.num_tokens + self._pending_len)
+        self._pending.append(doc.astype(self.dtype, copy=False))
+        self._pending_len += doc.size
+        self.num_documents += 1
+        while self._pending_len >= self.opts.block_tokens:
+            self._cut_block(self.opts.block_tokens)
+
+    def extend(self, documents: Iterable[ArrayLike]) -> None:
+        for doc in documents:
+            self.add(doc)
+
+    # -- blocks --------------------------------------------------------------
+    def _cut_block(self, n: int) -> None:
+        flat = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        block, rest = flat[:n], flat[n:]
+        self._pending = [rest] if rest.size else []
+        self._pending_len = int(rest.size)
+        base = self.num_tokens
+        starts = np.asarray([s - base for s in self._pending_starts if s < base + n], dtype=np.uint32)
+        self._pending_starts = [s for s in self._pending_starts if s >= base + n]
+        self.num_tokens += n
+        self._submit(np.ascontiguousarray(block), starts)
+
+    def _submit(self, tokens: np.ndarray, starts: np.ndarray) -> None:
+        if self._codec is None:
+            if self.opts.dictionary and len(self._held) < DICT_SAMPLE_BLOCKS:
+                self._held.append((tokens, starts))
+                return
+            self._start_codec()
+        assert self._codec is not None
+        self._inflight.append(self._pool.submit(self._encode, tokens, starts))
+        while len(self._inflight) > 2 * self.opts.threads:
+            self._write(self._inflight.popleft().result())
+
+    def _encode(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[bytes, bytes, int]:
+        assert self._codec is not None
+        tok, bounds = self._codec.encode(tokens, starts)
+        return tok, bounds, len(starts)
+
+    def _start_codec(self) -> None:
+        o = self.opts
+        if o.dictionary and self._held:
+            samples = [t.tobytes() for t, _ in self._held]
+            try:
+                self._dictionary = train_dictionary(samples, o.dictionary_size)
+            except Exception:  # too little data to train on: go without
+                self._dictionary = None
+        self._codec = BlockCodec(self.dtype, o.level, o.shuffle, self._dictionary)
+        held, self._held = self._held, []
+        for tokens, starts in held:
+            self._submit(tokens, starts)
+
+    def _write(self, frames: tuple[bytes, bytes, int]) -> None:
+        tok, bounds, n_starts = frames
+        if self._file is None or len(self._index) % self.blocks_per_file == 0:
+            self._roll_file()
+        self._index.append((self._file_pos, len(tok), len(bounds), checksum(tok, bounds), n_starts))
+        self._file.write(tok)
+        self._file.write(bounds)
+        self._file_pos += len(tok) + len(bounds)
+        self.compressed_bytes += len(tok) + len(bounds)
+
+    def _roll_file(self) -> None:
+        self._finish_file()
+        path = f"data/{self.id}-{len(self._files):05d}.bin"
+        self._written_paths.append(path)
+        self._file = self.storage.open_write(path)
+        self._file_pos = 0
+        self._files.append(FileRef(path, 0))
+
+    def _finish_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._files[-1] = FileRef(self._files[-1].path, self._file_pos)
+            self._file = None
+
+    # -- finish --------------------------------------------------------------
+    def close(self) -> Manifest:
+        """Flush, write index and manifest; returns the manifest."""
+        if self._closed:
+            raise InputError("writer already closed")
+        try:
+            if self._pending_len:
+                self._cut_block(self._pending_len)
+            if self._codec is None:
+                self._start_codec()
+            while self._inflight:
+                self._write(self._inflight.popleft().result())
+            self._finish_file()
+            if self.num_tokens == 0:
+                raise InputError(f"no tokens to write to {self.storage.url}: every input was empty")
+            return self._commit()
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+
+    def _commit(self) -> Manifest:
+        st = self.storage
+        index = np.zeros(len(self._index), dtype=INDEX_DTYPE)
+        for i, (off, tb, bb, xx, ns) in enumerate(self._index):
+            index[i] = (off, tb, bb, xx, ns, 0)
+        index_bytes = index.tobytes()
+        index_path = f"index-{self.id}.bin"
+        self._written_paths.append(index_path)
+        st.write_atomic(index_path, index_bytes)
+        dict_ref = None
+        if self._dictionary is not None:
+            dict_path = f"dict-{self.id}.zstd"
+            self._written_paths.append(dict_path)
+            st.write_atomic(dict_path, self._dictionary)
+            dict_ref = FileRef(dict_path, len(self._dictionary), f"{checksum(self._dictionary):016x}")
+        tok = self.tokenizer
+        if tok is not None and self.tokenizer_json is not None:
+            tok_path = f"tokenizer-{self.id}.json"
+            self._written_paths.append(tok_path)
+            st.write_atomic(tok_path, self.tokenizer_json)
+            tok = TokenizerInfo(tok.name, tok.sha256, tok.eos_token, tok_path)
+        from stoker import __version__
+
+        manifest = Manifest(
+            dataset_id=self.id,
+            dtype=str(self.dtype),
+            vocab_size=self.vocab_size,
+            eos_id=self.eos_keep,
+            num_tokens=self.num_tokens,
+            num_documents=self.num_documents,
+            block_tokens=self.opts.block_tokens,
+            blocks_per_file=self.blocks_per_file,
+            files=tuple(self._files),
+            index=FileRef(index_path, len(index_bytes), f"{checksum(index_bytes):016x}"),
+            compression=Compression("zstd", self.opts.level, self.opts.shuffle, dict_ref),
+            tokenizer=tok,
+            compressed_bytes=self.compressed_bytes,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            writer=f"stoker {__version__}",
+        )
+        manifest.validate()
+        st.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
+        self._remove_old(manifest)
+        return manifest
+
+    def _remove_old(self, new: Manifest) -> None:
+        old = self.old
+        if old is None:
+            return
+        keep = {f.path for f in new.files} | {new.index.path}
+        paths = [f.path for f in old.files] + [old.index.path]
+        if old.compression.dictionary is not None:
+            paths.append(old.compression.dictionary.path)
+        if old.tokenizer is not None and old.tokenizer.path is not None:
+            paths.append(old.tokenizer.path)
+        for path in paths:
+            if path not in keep:
+                self.storage.remove(path)
+
+    def abort(self) -> None:
+        """Remove what this write produced (best effort); never touches a manifest."""
+        for fut in self._inflight:
+            fut.cancel()
+        self._inflight.clear()
+        try:
+            if self._file is not None:
+                self._file.close()
+        except Exception:
+            pass
+        self._file = None
+        for path in self._written_paths:
+            try:
+                self.storage.remove(path)
+            except Exception:
+                pass
+
+    def __enter__(self) -> TokenWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._closed = True
+
+
+def write_tokens(
+    documents: Iterable[ArrayLike],
+    url: str,
+    *,
+    vocab_size: int,
+    eos_id: int | None = None,
+    append_eos: bool = True,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    level: int = DEFAULT_LEVEL,
+    shuffle: bool = DEFAULT_SHUFFLE,
+    dictionary: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    tokenizer: TokenizerInfo | None = None,
+    tokenizer_json: bytes | None = None,
+) -> Manifest:
+    """Write already-tokenized documents as a token dataset at ``url``.
+
+    ``eos_id`` is appended to every document unless ``append_eos=False``. The
+    dtype is uint16 when ``vocab_size <= 65536``, else uint32.
+    """
+    options = WriteOptions(block_tokens=block_tokens, level=level, shuffle=shuffle, dictionary=dictionary)
+    writer = TokenWriter(
+        url,
+        vocab_size=vocab_size,
+        eos_id=eos_id,
+        append_eos=append_eos,
+        options=options,
+        tokenizer=tokenizer,
+        tokenizer_json=tokenizer_json,
+        storage_options=storage_options,
+        overwrite=overwrite,
+    )
+    try:
+        writer.extend(documents)
+    except BaseException:
+        writer.__exit__(RuntimeError)
+        raise
+    return writer.close()

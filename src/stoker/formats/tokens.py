@@ -1,0 +1,115 @@
+"""Opening a token dataset and reading its blocks.
+
+:class:`TokenSource` is a dataset handle: manifest, block index, dictionary,
+and ``block(i)`` (fetch through the cache, verify, decode). It holds no
+connection until it reads, so it can be pickled into DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from stoker.cache import BlockCache, NullCache
+from stoker.errors import ChecksumError, ManifestError
+from stoker.formats.codec import BlockCodec, checksum
+from stoker.manifest import MANIFEST_NAME, Manifest, parse_index
+from stoker.storage import Storage
+
+
+class TokenSource:
+    """A token dataset on storage."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        cache: BlockCache | None = None,
+        storage: Storage | None = None,
+    ) -> None:
+        self.storage = storage or Storage(url, storage_options)
+        self.url = self.storage.url
+        self.cache: BlockCache = cache if cache is not None else NullCache()
+        self.manifest = read_manifest(self.storage)
+        m = self.manifest
+        where = self.storage.url_of(m.index.path)
+        try:
+            index_bytes = self.storage.read(m.index.path)
+        except FileNotFoundError as exc:
+            raise ManifestError(f"{where}: block index listed in the manifest is missing") from exc
+        if m.index.xxh64 is not None and f"{checksum(index_bytes):016x}" != m.index.xxh64:
+            raise ChecksumError(f"{where}: block index checksum mismatch", file=m.index.path, block=-1)
+        self.index = parse_index(index_bytes, m, where)
+        dictionary = None
+        if m.compression.dictionary is not None:
+            ref = m.compression.dictionary
+            dictionary = self.storage.read(ref.path)
+            if ref.xxh64 is not None and f"{checksum(dictionary):016x}" != ref.xxh64:
+                raise ChecksumError(
+                    f"{self.storage.url_of(ref.path)}: dictionary checksum mismatch",
+                    file=ref.path,
+                    block=-1,
+                )
+        self.codec = BlockCodec(m.np_dtype, m.compression.level, m.compression.shuffle, dictionary)
+
+    def _key(self, block: int) -> str:
+        return f"{self.manifest.dataset_id}/{block}"
+
+    def record(self, block: int) -> bytes:
+        """The verified record of ``block``: cache first, then storage; refetched once on a bad checksum."""
+        m = self.manifest
+        entry = self.index[block]
+        ref = m.block_file(block)
+        start = int(entry["offset"])
+        stop = start + int(entry["token_bytes"]) + int(entry["bounds_bytes"])
+        key = self._key(block)
+        data = self.cache.get(key)
+        if data is not None and checksum(data) == int(entry["xxh64"]):
+            return data
+        if data is not None:
+            self.cache.discard(key)
+        for attempt in range(2):
+            data = self.storage.read_range(ref.path, start, stop)
+            if checksum(data) == int(entry["xxh64"]):
+                self.cache.put(key, data)
+                return data
+            if attempt == 0:
+                warnings.warn(
+                    f"{self.storage.url_of(ref.path)}: block {block} failed its checksum; refetching",
+                    stacklevel=2,
+                )
+        raise ChecksumError(
+            f"{self.storage.url_of(ref.path)}: block {block} (bytes [{start}, {stop})) fails its "
+            "xxh64 checksum twice; the data file is corrupt or was changed after the manifest "
+            "was written",
+            file=ref.path,
+            block=block,
+        )
+
+    def block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and document starts of ``block``."""
+        entry = self.index[block]
+        return self.codec.decode(self.record(block), int(entry["token_bytes"]), self.manifest.block_len(block))
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` (a convenience; readers use blocks directly)."""
+        m = self.manifest
+        parts = []
+        for b in m.blocks_for(start, stop):
+            toks, _ = self.block(b)
+            base = b * m.block_tokens
+            parts.append(toks[max(start - base, 0) : min(stop - base, len(toks))])
+        return np.concatenate(parts) if parts else np.zeros(0, m.np_dtype)
+
+
+def read_manifest(storage: Storage) -> Manifest:
+    where = storage.url_of(MANIFEST_NAME)
+    try:
+        raw = storage.read(MANIFEST_NAME)
+    except FileNotFoundError as exc:
+        raise ManifestError(
+            f"{where}: no manifest; this is not a stoker dataset, or its write never finished"
+        ) from exc
+    return Manifest.from_json(raw, where)

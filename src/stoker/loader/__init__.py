@@ -1,0 +1,1 @@
+"""Reading side: datasets, loaders, resume state."""

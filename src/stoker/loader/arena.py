@@ -1,0 +1,146 @@
+"""The decoded-block arena: fixed slots of decoded tokens, filled ahead of use.
+
+Blocks are decoded into slots of one contiguous array, so a whole batch is
+gathered with one fancy-index (no per-sample Python work), and slots are
+reused without allocating. The reader tells the arena the order in which
+blocks will be needed next (the plan is known in advance): the first of them
+are fetched on a thread pool ahead of time, and a slot is freed by evicting
+the resident block whose next use is furthest away (Belady's rule).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+
+from stoker.formats.tokens import TokenSource
+
+_NEVER = 1 << 62
+
+
+class BlockArena:
+    def __init__(self, source: TokenSource, slots: int, doc_starts: bool = True) -> None:
+        m = source.manifest
+        self.source = source
+        self.bt = m.block_tokens
+        self.slots = max(2, min(slots, m.num_blocks))
+        self.tokens = np.zeros(self.slots * self.bt, dtype=m.np_dtype)
+        self.starts = np.zeros(self.slots * self.bt, dtype=bool) if doc_starts else None
+        self._slot_of: dict[int, int] = {}  # resident block -> slot
+        self._free = list(range(self.slots))
+        self._loading: dict[int, Future[int]] = {}
+        self._next_use: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.hits = self.loads = self.evictions = 0
+
+    def _claim(self, keep: set[int], before: int = -1) -> int | None:
+        """A free slot, evicting the block used furthest ahead (not in ``keep``).
+
+        Returns None when every candidate is needed no later than ``before``.
+        """
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            victim, furthest = None, -1
+            for block in self._slot_of:
+                if block in keep:
+                    continue
+                use = self._next_use.get(block, _NEVER)
+                if use > furthest:
+                    victim, furthest = block, use
+            if victim is None or furthest <= before:
+                return None
+            self.evictions += 1
+            return self._slot_of.pop(victim)
+
+    def _load(self, block: int, slot: int) -> int:
+        try:
+            toks, starts = self.source.block(block)
+            base = slot * self.bt
+            self.tokens[base : base + len(toks)] = toks
+            if self.starts is not None:
+                self.starts[base : base + self.bt] = False
+                self.starts[base + starts.astype(np.int64)] = True
+        except BaseException:
+            with self._lock:
+                self._free.append(slot)
+                self._loading.pop(block, None)
+            raise
+        with self._lock:
+            self._slot_of[block] = slot
+            self._loading.pop(block, None)
+        return slot
+
+    def schedule(self, order: np.ndarray, next_use: np.ndarray, ahead: int) -> None:
+        """Blocks in order of next use; prefetch up to ``ahead`` of them."""
+        self._next_use = dict(zip(order.tolist(), next_use.tolist()))
+        pool = self.source.storage.pool
+        for b, use in zip(order[:ahead].tolist(), next_use[:ahead].tolist()):
+            with self._lock:
+                if b in self._slot_of or b in self._loading:
+                    continue
+            slot = self._claim(set(), before=use)
+            if slot is None:
+                return
+            with self._lock:
+                self._loading[b] = pool.submit(self._load, b, slot)
+
+    def require(self, blocks: np.ndarray) -> np.ndarray:
+        """Slots of ``blocks`` (unique), loading what is missing."""
+        keep = set(blocks.tolist())
+        out = np.empty(len(blocks), dtype=np.int64)
+        for i, b in enumerate(blocks.tolist()):
+            with self._lock:
+                slot = self._slot_of.get(b)
+                fut = self._loading.get(b)
+            if slot is not None:
+                self.hits += 1
+            else:
+                self.loads += 1
+                if fut is not None:
+                    slot = fut.result()
+                else:
+                    free = self._claim(keep)
+                    while free is None and self._loading:
+                        self._wait_any()
+                        free = self._claim(keep)
+                    if free is None:
+                        raise RuntimeError(
+                            f"decoded-block arena of {self.slots} slots cannot hold the "
+                            f"{len(blocks)} blocks one read needs; raise arena_blocks"
+                        )
+                    slot = self._load(b, free)
+            out[i] = slot
+        return out
+
+    def _wait_any(self) -> None:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        with self._lock:
+            pending = list(self._loading.values())
+        if pending:
+            wait(pending, return_when=FIRST_COMPLETED)
+            for fut in pending:
+                if fut.done():
+                    fut.result()  # surface a failed load
+
+    def gather(self, token_index: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Tokens (and doc-start flags) at global token positions ``token_index``."""
+        blocks = token_index // self.bt
+        ub = np.unique(blocks)
+        slots = self.require(ub)
+        where = slots[np.searchsorted(ub, blocks)] * self.bt + token_index % self.bt
+        return self.tokens[where], None if self.starts is None else self.starts[where]
+
+    def close(self) -> None:
+        for fut in list(self._loading.values()):
+            fut.cancel()
+        for fut in list(self._loading.values()):
+            if not fut.cancelled():
+                try:
+                    fut.result()
+                except BaseException:
+                    pass
+        self._loading.clear()

@@ -1,0 +1,286 @@
+"""``TokenDataset``: a torch IterableDataset of packed token windows."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from stoker import intervals, plan
+from stoker.cache import BlockCache, DiskCache
+from stoker.errors import ConfigError
+from stoker.formats.tokens import TokenSource
+from stoker.loader import state as st
+from stoker.loader.arena import BlockArena
+from stoker.loader.distributed import Placement, detect
+
+#: Samples planned (and their blocks prefetched) at a time.
+PLAN_CHUNK = 512
+
+
+class TokenDataset(IterableDataset):  # type: ignore[type-arg]
+    """Packed windows of ``seq_len + 1`` tokens from a token dataset at ``url``.
+
+    Each item is a dict: ``tokens`` (int64, ``seq_len + 1``), ``sample_id``
+    (its global id) and ``doc_start_mask`` (bool, True where a document
+    starts; see :func:`stoker.doc_starts` and :func:`stoker.cu_seqlens`).
+
+    ``batch_size`` should equal the DataLoader's batch size: workers then take
+    whole batches in turn, so the sample order does not depend on
+    ``num_workers``. Call :meth:`set_epoch` before each epoch when iterating
+    through DataLoader worker processes (in-process iteration advances by
+    itself).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        seq_len: int,
+        *,
+        batch_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        shard_size: int | None = None,
+        window_shards: int = 16,
+        drop_remainder: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        cache: BlockCache | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int = 64 << 30,
+        rank: int | None = None,
+        world_size: int | None = None,
+        doc_starts: bool = True,
+        arena_blocks: int | None = None,
+    ) -> None:
+        super().__init__()
+        if seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if cache is None and cache_dir is not None:
+            cache = DiskCache(cache_dir, cache_limit)
+        self.source = TokenSource(url, storage_options, cache)
+        m = self.source.manifest
+        if m.num_tokens < seq_len + 1:
+            raise ConfigError(
+                f"seq_len {seq_len} needs {seq_len + 1} tokens per sample, but {self.source.url} "
+                f"holds only {m.num_tokens} tokens; use seq_len <= {m.num_tokens - 1}"
+            )
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.num_samples = (m.num_tokens - 1) // seq_len
+        self.shuffle_config = plan.ShuffleConfig(seed, shuffle, shard_size, window_shards).resolve(seq_len)
+        self.drop_remainder = drop_remainder
+        self.rank, self.world_size = rank, world_size
+        self.doc_starts = doc_starts
+        self.arena_blocks = arena_blocks
+        self._epoch = 0
+        self._next_set: np.ndarray | None = None  # carried set of the epoch after the last one run
+        self._pending: dict[str, Any] | None = None  # a loaded state, applied at the next iteration
+        self._progress: st.Progress | None = None
+        self._worker: dict[str, int] | None = None
+
+    # -- identity --------------------------------------------------------------
+    @property
+    def manifest(self):  # type: ignore[no-untyped-def]
+        return self.source.manifest
+
+    def _identity(self) -> dict[str, Any]:
+        c = self.shuffle_config
+        return {
+            "dataset_id": self.source.manifest.dataset_id,
+            "num_samples": self.num_samples,
+            "seq_len": self.seq_len,
+            "seed": c.seed,
+            "shuffle": c.shuffle,
+            "shard_size": c.shard_size,
+            "window_shards": c.window_shards,
+        }
+
+    # -- epochs ----------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Run epoch ``epoch`` next (like DistributedSampler.set_epoch).
+
+        A state loaded for the same epoch stays in force; for another epoch it is dropped.
+        """
+        if epoch != self._epoch:
+            self._next_set = None
+            self._pending = None
+        self._epoch = epoch
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def _placement(self) -> Placement:
+        return detect(self.rank, self.world_size)
+
+    def _begin(self, pl: Placement) -> tuple[st.Progress, int]:
+        """Progress to iterate and how many of this worker's samples to skip."""
+        if self._pending is not None:
+            progress, worker = st.restore(self._pending, pl.world, self.batch_size)
+            skip = 0
+            if worker is not None and (worker.get("worker"), worker.get("num_workers")) == (
+                pl.worker,
+                pl.num_workers,
+            ):
+                skip = int(worker.get("yielded", 0))
+            if progress.consumed >= progress.split.per_rank:  # saved at an epoch's end
+                nxt = progress.split.next_epoch_set(progress.epoch, self.num_samples, self.drop_remainder)
+                return st.Progress(progress.epoch + 1, nxt, pl.world, self.batch_size), 0
+            return progress, skip
+        if self._next_set is not None:
+            epoch_set = self._next_set
+        else:
+            epoch_set = plan.first_epoch_set(self._epoch, self.num_samples, pl.world, self.drop_remainder)
+        return st.Progress(self._epoch, epoch_set, pl.world, self.batch_size), 0
+
+    def __len__(self) -> int:
+        pl = self._placement()
+        progress, _ = self._begin(pl)
+        n = progress.split.per_rank - progress.consumed
+        return plan.worker_count(n, pl.worker, pl.num_workers, self.batch_size)
+
+    # -- iteration -------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        pl = self._placement()
+        progress, skip = self._begin(pl)
+        self._pending = None
+        self._epoch = progress.epoch
+        self._progress = progress
+        split = progress.split
+        m0, n = progress.consumed, split.per_rank
+        remaining = n - m0
+        count = plan.worker_count(remaining, pl.worker, pl.num_workers, self.batch_size)
+        self._worker = (
+            {"worker": pl.worker, "num_workers": pl.num_workers, "yielded": skip}
+            if pl.num_workers > 1
+            else None
+        )
+        if pl.num_workers == 1 and skip:
+            progress.consumed += skip
+        stream = plan.Stream(self.num_samples, self.shuffle_config)
+        reader = _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts)
+
+        def ids(lo: int, hi: int) -> np.ndarray:
+            local = m0 + plan.worker_indices(remaining, pl.worker, pl.num_workers, self.batch_size, lo, hi)
+            return stream.samples(split.rank_positions(pl.rank, local))
+
+        try:
+            nxt = ids(skip, skip + PLAN_CHUNK)
+            k = skip
+            while k < count:
+                cur = nxt
+                nxt = ids(k + len(cur), k + len(cur) + PLAN_CHUNK)
+                reader.plan(cur, nxt)
+                for lo in range(0, len(cur), 64):
+                    sub = cur[lo : lo + 64]
+                    toks, mask = reader.read(sub)
+                    tt = torch.from_numpy(toks.astype(np.int64))
+                    mm = torch.from_numpy(mask) if mask is not None else None
+                    for i, sid in enumerate(sub.tolist()):
+                        item: dict[str, Any] = {"tokens": tt[i], "sample_id": sid}
+                        if mm is not None:
+                            item["doc_start_mask"] = mm[i]
+                        if self._worker is not None:
+                            self._worker["yielded"] += 1
+                        else:
+                            progress.consumed += 1
+                        yield item
+                k += len(cur)
+        finally:
+            reader.close()
+        # the epoch is over for this process
+        self._next_set = split.next_epoch_set(progress.epoch, self.num_samples, self.drop_remainder)
+        self._epoch = progress.epoch + 1
+        self._progress = None
+        self._worker = None
+
+    def _arena_slots(self) -> int:
+        if self.arena_blocks is not None:
+            return self.arena_blocks
+        m = self.source.manifest
+        c = self.shuffle_config
+        assert c.shard_size is not None
+        window_tokens = c.shard_size * c.window_shards * self.seq_len
+        # two windows (current + next) plus the blocks straddling their edges
+        return 2 * (-(-window_tokens // m.block_tokens)) + 2 * c.window_shards + 4
+
+    # -- state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A small, exact snapshot of how far this stream got (see stoker.loader.state)."""
+        if self._pending is not None:
+            return dict(self._pending)
+        progress = self._progress
+        if progress is None:
+            pl = self._placement()
+            progress, _ = self._begin(pl)
+        worker = dict(self._worker) if self._worker is not None else None
+        return st.build(self._identity(), self.drop_remainder, progress, worker)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration. Raises StateError if it does not fit."""
+        st.check(state, self._identity())
+        if bool(state.get("drop_remainder")) != self.drop_remainder:
+            raise ConfigError(
+                f"state was saved with drop_remainder={state.get('drop_remainder')}, "
+                f"but this dataset has drop_remainder={self.drop_remainder}"
+            )
+        st.restore(state, state["world"], state["chunk"])  # validates the interval set
+        self._pending = dict(state)
+        self._epoch = state["epoch"]
+        self._next_set = None
+        self._progress = None
+
+    def epoch_positions(self) -> np.ndarray:
+        """Interval set of stream positions of the epoch that would run next."""
+        progress, _ = self._begin(self._placement())
+        return intervals.make(progress.epoch_set)
+
+
+class _Reader:
+    """Turns sample ids into token windows through the decoded-block arena."""
+
+    def __init__(self, source: TokenSource, seq_len: int, slots: int, doc_starts: bool) -> None:
+        self.source = source
+        self.L = seq_len
+        self.arena = BlockArena(source, slots, doc_starts)
+        self.offsets = np.arange(seq_len + 1, dtype=np.int64)
+        self.bt = source.manifest.block_tokens
+        self._seq = np.zeros(0, dtype=np.int64)
+
+    def plan(self, current: np.ndarray, upcoming: np.ndarray) -> None:
+        """The samples that come next, in order."""
+        self._seq = np.concatenate([current, upcoming])
+        self._pos = 0
+
+    def read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows of the next ``len(ids)`` planned samples."""
+        future = self._seq[self._pos :] * self.L
+        self._pos += len(ids)
+        # blocks in order of first use: first block of each sample, then its last
+        seq_blocks = np.stack([future // self.bt, (future + self.L) // self.bt], axis=1).reshape(-1)
+        order, first = np.unique(seq_blocks, return_index=True)
+        by_use = np.argsort(first, kind="stable")
+        self.arena.schedule(order[by_use], first[by_use], ahead=self.arena.slots // 2)
+        return self._gather(ids)
+
+    def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        starts = ids * self.L
+        blocks = np.unique(np.concatenate([starts // self.bt, (starts + self.L) // self.bt]))
+        if len(blocks) > self.arena.slots - 1 and len(ids) > 1:  # too many for the arena at once
+            half = len(ids) // 2
+            (t1, m1), (t2, m2) = self._gather(ids[:half]), self._gather(ids[half:])
+            mask = None if m1 is None or m2 is None else np.concatenate([m1, m2])
+            return np.concatenate([t1, t2]), mask
+        index = starts[:, None] + self.offsets[None, :]
+        toks, mask = self.arena.gather(index.reshape(-1))
+        shape = (len(ids), self.L + 1)
+        return toks.reshape(shape), None if mask is None else mask.reshape(shape)
+
+    def close(self) -> None:
+        self.arena.close()
