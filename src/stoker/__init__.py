@@ -1,3 +1,53 @@
-"""stoker: keeps the GPUs of a large training job fed."""
+"""stoker: keeps the GPUs of a large training job fed.
+
+Public API; everything else is internal and may change.
+"""
+
+from stoker.cache import BlockCache, DiskCache, NullCache
+from stoker.errors import (
+    ChecksumError,
+    ConfigError,
+    DatasetError,
+    InputError,
+    ManifestError,
+    StateError,
+    StokerError,
+    StorageError,
+    UnreachableError,
+    UnsupportedFormatError,
+)
+from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
+from stoker.formats.tokens import TokenSource
+from stoker.loader.dataset import TokenDataset
+from stoker.loader.masks import cu_seqlens, doc_starts
+from stoker.manifest import Manifest
+from stoker.storage import RetryPolicy, Storage
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "BlockCache",
+    "ChecksumError",
+    "ConfigError",
+    "DatasetError",
+    "DiskCache",
+    "InputError",
+    "Manifest",
+    "ManifestError",
+    "NullCache",
+    "RetryPolicy",
+    "StateError",
+    "StokerError",
+    "Storage",
+    "StorageError",
+    "TokenDataset",
+    "TokenSource",
+    "TokenWriter",
+    "UnreachableError",
+    "UnsupportedFormatError",
+    "WriteOptions",
+    "__version__",
+    "cu_seqlens",
+    "doc_starts",
+    "write_tokens",
+]

@@ -146,11 +146,15 @@ class Manifest:
         get = _Fields(raw, where)
         dtype = get.str("dtype")
         if dtype not in _DTYPES:
-            raise ManifestError(f"{where}: field 'dtype' is {dtype!r}, expected one of {sorted(_DTYPES)}")
+            raise ManifestError(
+                f"{where}: field 'dtype' is {dtype!r}, expected one of {sorted(_DTYPES)}"
+            )
         comp = get.obj("compression")
         cget = _Fields(comp, f"{where}: compression")
         if cget.str("codec") != "zstd":
-            raise ManifestError(f"{where}: compression codec {comp.get('codec')!r} is not supported")
+            raise ManifestError(
+                f"{where}: compression codec {comp.get('codec')!r} is not supported"
+            )
         dictionary = comp.get("dictionary")
         tok = raw.get("tokenizer")
         manifest = cls(

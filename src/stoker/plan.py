@@ -115,7 +115,9 @@ class EpochOrder:
         if j0 <= self.q < j1:
             before = (self.q - j0) * ss
             after = r - before - self.tail
-            pos = np.where(r < before, j0 + r // ss, np.where(after < 0, self.q, self.q + 1 + after // ss))
+            pos = np.where(
+                r < before, j0 + r // ss, np.where(after < 0, self.q, self.q + 1 + after // ss)
+            )
             off = np.where(r < before, r % ss, np.where(after < 0, r - before, after % ss))
         else:
             pos, off = j0 + r // ss, r % ss
@@ -186,7 +188,12 @@ class EpochSplit:
 
 
 def worker_indices(
-    per_rank: int, worker: int, num_workers: int, chunk: int, start: int = 0, stop: int | None = None
+    per_rank: int,
+    worker: int,
+    num_workers: int,
+    chunk: int,
+    start: int = 0,
+    stop: int | None = None,
 ) -> np.ndarray:
     """Rank-local indices of worker ``worker``'s samples ``[start, stop)``."""
     if not 0 <= worker < num_workers:

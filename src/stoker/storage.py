@@ -154,7 +154,9 @@ class Storage:
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.max_inflight, thread_name_prefix="stoker-io")
+                    self._pool = ThreadPoolExecutor(
+                        self.max_inflight, thread_name_prefix="stoker-io"
+                    )
         return self._pool
 
     def _options(self) -> dict[str, Any]:

@@ -42,7 +42,11 @@ class BlockCodec:
     """Encodes and decodes block records. Safe to share between threads."""
 
     def __init__(
-        self, dtype: np.dtype, level: int = 3, shuffle: bool = False, dictionary: bytes | None = None
+        self,
+        dtype: np.dtype,
+        level: int = 3,
+        shuffle: bool = False,
+        dictionary: bytes | None = None,
     ) -> None:
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.level = level
@@ -52,7 +56,12 @@ class BlockCodec:
         self._local = threading.local()
 
     def __getstate__(self) -> dict[str, object]:
-        return {"dtype": self.dtype, "level": self.level, "shuffle": self.shuffle, "dictionary": self._dict_bytes}
+        return {
+            "dtype": self.dtype,
+            "level": self.level,
+            "shuffle": self.shuffle,
+            "dictionary": self._dict_bytes,
+        }
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -87,8 +96,12 @@ class BlockCodec:
         dctx = self._dctx()
         raw = dctx.decompress(view[:token_bytes], max_output_size=num_tokens * self.dtype.itemsize)
         if len(raw) != num_tokens * self.dtype.itemsize:
-            raise ValueError(f"block holds {len(raw)} bytes of tokens, expected {num_tokens} tokens")
-        tokens = unshuffle_bytes(raw, self.dtype) if self.shuffle else np.frombuffer(raw, self.dtype)
+            raise ValueError(
+                f"block holds {len(raw)} bytes of tokens, expected {num_tokens} tokens"
+            )
+        tokens = (
+            unshuffle_bytes(raw, self.dtype) if self.shuffle else np.frombuffer(raw, self.dtype)
+        )
         bounds_raw = dctx.decompress(view[token_bytes:]) if len(view) > token_bytes else b""
         return tokens, np.frombuffer(bounds_raw, dtype="<u4")
 

@@ -65,10 +65,13 @@ def dtype_for(vocab_size: int) -> str:
 
 
 def tokenizer_info(path: str, eos_token: str | None) -> tuple[TokenizerInfo, bytes]:
-    data = open(path, "rb").read()
+    with open(path, "rb") as fh:
+        data = fh.read()
     return (
         TokenizerInfo(
-            name=os.path.basename(path), sha256=hashlib.sha256(data).hexdigest(), eos_token=eos_token
+            name=os.path.basename(path),
+            sha256=hashlib.sha256(data).hexdigest(),
+            eos_token=eos_token,
         ),
         data,
     )
@@ -143,7 +146,9 @@ class TokenWriter:
         if doc.ndim != 1:
             raise InputError(f"document {self.num_documents} is not 1-D (shape {doc.shape})")
         if doc.size and not np.issubdtype(doc.dtype, np.integer):
-            raise InputError(f"document {self.num_documents} has dtype {doc.dtype}, expected integers")
+            raise InputError(
+                f"document {self.num_documents} has dtype {doc.dtype}, expected integers"
+            )
         if doc.size and (doc.min() < 0 or doc.max() >= self.vocab_size):
             bad = int(doc.max() if doc.max() >= self.vocab_size else doc.min())
             raise InputError(
@@ -171,7 +176,9 @@ class TokenWriter:
         self._pending = [rest] if rest.size else []
         self._pending_len = int(rest.size)
         base = self.num_tokens
-        starts = np.asarray([s - base for s in self._pending_starts if s < base + n], dtype=np.uint32)
+        starts = np.asarray(
+            [s - base for s in self._pending_starts if s < base + n], dtype=np.uint32
+        )
         self._pending_starts = [s for s in self._pending_starts if s >= base + n]
         self.num_tokens += n
         self._submit(np.ascontiguousarray(block), starts)
@@ -266,7 +273,9 @@ class TokenWriter:
             dict_path = f"dict-{self.id}.zstd"
             self._written_paths.append(dict_path)
             st.write_atomic(dict_path, self._dictionary)
-            dict_ref = FileRef(dict_path, len(self._dictionary), f"{checksum(self._dictionary):016x}")
+            dict_ref = FileRef(
+                dict_path, len(self._dictionary), f"{checksum(self._dictionary):016x}"
+            )
         tok = self.tokenizer
         if tok is not None and self.tokenizer_json is not None:
             tok_path = f"tokenizer-{self.id}.json"
@@ -361,7 +370,9 @@ def write_tokens(
     ``eos_id`` is appended to every document unless ``append_eos=False``. The
     dtype is uint16 when ``vocab_size <= 65536``, else uint32.
     """
-    options = WriteOptions(block_tokens=block_tokens, level=level, shuffle=shuffle, dictionary=dictionary)
+    options = WriteOptions(
+        block_tokens=block_tokens, level=level, shuffle=shuffle, dictionary=dictionary
+    )
     writer = TokenWriter(
         url,
         vocab_size=vocab_size,

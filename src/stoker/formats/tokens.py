@@ -40,7 +40,9 @@ class TokenSource:
         except FileNotFoundError as exc:
             raise ManifestError(f"{where}: block index listed in the manifest is missing") from exc
         if m.index.xxh64 is not None and f"{checksum(index_bytes):016x}" != m.index.xxh64:
-            raise ChecksumError(f"{where}: block index checksum mismatch", file=m.index.path, block=-1)
+            raise ChecksumError(
+                f"{where}: block index checksum mismatch", file=m.index.path, block=-1
+            )
         self.index = parse_index(index_bytes, m, where)
         dictionary = None
         if m.compression.dictionary is not None:
@@ -91,7 +93,9 @@ class TokenSource:
     def block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and document starts of ``block``."""
         entry = self.index[block]
-        return self.codec.decode(self.record(block), int(entry["token_bytes"]), self.manifest.block_len(block))
+        return self.codec.decode(
+            self.record(block), int(entry["token_bytes"]), self.manifest.block_len(block)
+        )
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` (a convenience; readers use blocks directly)."""

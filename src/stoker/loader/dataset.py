@@ -73,7 +73,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.num_samples = (m.num_tokens - 1) // seq_len
-        self.shuffle_config = plan.ShuffleConfig(seed, shuffle, shard_size, window_shards).resolve(seq_len)
+        self.shuffle_config = plan.ShuffleConfig(seed, shuffle, shard_size, window_shards).resolve(
+            seq_len
+        )
         self.drop_remainder = drop_remainder
         self.rank, self.world_size = rank, world_size
         self.doc_starts = doc_starts
@@ -130,13 +132,17 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
             ):
                 skip = int(worker.get("yielded", 0))
             if progress.consumed >= progress.split.per_rank:  # saved at an epoch's end
-                nxt = progress.split.next_epoch_set(progress.epoch, self.num_samples, self.drop_remainder)
+                nxt = progress.split.next_epoch_set(
+                    progress.epoch, self.num_samples, self.drop_remainder
+                )
                 return st.Progress(progress.epoch + 1, nxt, pl.world, self.batch_size), 0
             return progress, skip
         if self._next_set is not None:
             epoch_set = self._next_set
         else:
-            epoch_set = plan.first_epoch_set(self._epoch, self.num_samples, pl.world, self.drop_remainder)
+            epoch_set = plan.first_epoch_set(
+                self._epoch, self.num_samples, pl.world, self.drop_remainder
+            )
         return st.Progress(self._epoch, epoch_set, pl.world, self.batch_size), 0
 
     def __len__(self) -> int:
@@ -167,7 +173,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         reader = _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts)
 
         def ids(lo: int, hi: int) -> np.ndarray:
-            local = m0 + plan.worker_indices(remaining, pl.worker, pl.num_workers, self.batch_size, lo, hi)
+            local = m0 + plan.worker_indices(
+                remaining, pl.worker, pl.num_workers, self.batch_size, lo, hi
+            )
             return stream.samples(split.rank_positions(pl.rank, local))
 
         try:

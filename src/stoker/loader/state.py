@@ -35,7 +35,15 @@ from stoker.errors import StateError
 from stoker.plan import EpochSplit
 
 STATE_VERSION = 1
-IDENTITY_FIELDS = ("dataset_id", "num_samples", "seq_len", "seed", "shuffle", "shard_size", "window_shards")
+IDENTITY_FIELDS = (
+    "dataset_id",
+    "num_samples",
+    "seq_len",
+    "seed",
+    "shuffle",
+    "shard_size",
+    "window_shards",
+)
 
 
 @dataclass
@@ -53,7 +61,12 @@ class Progress:
         return EpochSplit(self.epoch_set, self.world)
 
 
-def build(identity: dict[str, Any], drop_remainder: bool, progress: Progress, worker: dict[str, int] | None) -> dict[str, Any]:
+def build(
+    identity: dict[str, Any],
+    drop_remainder: bool,
+    progress: Progress,
+    worker: dict[str, int] | None,
+) -> dict[str, Any]:
     return {
         "stoker_state": STATE_VERSION,
         **identity,
@@ -91,7 +104,9 @@ def check(state: Any, identity: dict[str, Any]) -> None:
         raise StateError("state fields 'world' and 'chunk' must be >= 1")
 
 
-def restore(state: dict[str, Any], world: int, chunk: int) -> tuple[Progress, dict[str, int] | None]:
+def restore(
+    state: dict[str, Any], world: int, chunk: int
+) -> tuple[Progress, dict[str, int] | None]:
     """The progress to continue from, for a job with ``world`` ranks and ``chunk``."""
     try:
         epoch_set = intervals.make([tuple(p) for p in state["epoch_set"]])

@@ -1,0 +1,192 @@
+"""``stoker ...``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from stoker.errors import StokerError
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _storage_options(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise StokerError(f"--storage-options is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise StokerError("--storage-options must be a JSON object")
+    return value
+
+
+def cmd_build_tokens(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from stoker.formats.token_writer import WriteOptions
+    from stoker.ingest import SourceOptions
+    from stoker.tokenizing import build_tokens
+
+    bar = tqdm(unit=" docs", dynamic_ncols=True, disable=args.quiet)
+
+    def progress(stats) -> None:  # type: ignore[no-untyped-def]
+        bar.n = stats.documents
+        rate = stats.text_bytes / max(stats.seconds, 1e-9) / 1e6
+        bar.set_postfix_str(f"{stats.tokens:,} tokens, {rate:.1f} MB/s", refresh=False)
+        bar.refresh()
+
+    opts = WriteOptions(
+        block_tokens=args.block_tokens,
+        level=args.level,
+        shuffle=args.byte_shuffle,
+        dictionary=args.dictionary,
+    )
+    manifest, stats = build_tokens(
+        args.sources,
+        args.out,
+        args.tokenizer,
+        eos_token=args.eos_token,
+        source_options=SourceOptions(args.text_field, args.text_column, args.txt_split),
+        write_options=opts,
+        workers=args.workers,
+        storage_options=_storage_options(args.storage_options),
+        overwrite=args.overwrite,
+        progress=progress,
+    )
+    bar.close()
+    print(
+        f"wrote {args.out}: {manifest.num_documents:,} documents, {manifest.num_tokens:,} tokens, "
+        f"{manifest.num_blocks:,} blocks, {_size(manifest.compressed_bytes)} "
+        f"({manifest.compressed_bytes / manifest.raw_bytes:.3f} of raw {manifest.dtype}) "
+        f"in {stats.seconds:.1f} s ({stats.text_bytes / max(stats.seconds, 1e-9) / 1e6:.1f} MB/s of text)"
+    )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from stoker.formats.tokens import TokenSource
+
+    src = TokenSource(args.url, _storage_options(args.storage_options))
+    m = src.manifest
+    comp = m.compression
+    rows = [
+        ("dataset", src.url),
+        ("id", m.dataset_id),
+        (
+            "format",
+            f"{m.format} v{m.format_version} (written by {m.writer or '?'}, {m.created or '?'})",
+        ),
+        ("tokens", f"{m.num_tokens:,}"),
+        ("documents", f"{m.num_documents:,}"),
+        ("dtype / vocab", f"{m.dtype} / {m.vocab_size:,} (eos id {m.eos_id})"),
+        ("blocks", f"{m.num_blocks:,} of {m.block_tokens:,} tokens in {len(m.files)} file(s)"),
+        ("bytes", f"{_size(m.compressed_bytes)} stored, {_size(m.raw_bytes)} raw"),
+        (
+            "compression",
+            f"{m.compressed_bytes / m.raw_bytes:.3f} of raw ({m.raw_bytes / max(m.compressed_bytes, 1):.2f}x); "
+            f"zstd level {comp.level}, dictionary {'yes' if comp.dictionary else 'no'}, byte shuffle {'yes' if comp.shuffle else 'no'}",
+        ),
+        (
+            "tokenizer",
+            f"{m.tokenizer.name} sha256 {m.tokenizer.sha256[:16]}" if m.tokenizer else "unknown",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    start = max(0, min(args.offset, m.num_tokens - 1))
+    tokens = src.tokens(start, min(m.num_tokens, start + args.sample_tokens))
+    if m.tokenizer is not None and m.tokenizer.path is not None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(src.storage.read(m.tokenizer.path).decode())
+        text = tok.decode(tokens.tolist(), skip_special_tokens=False)
+        print(f"\nsample (tokens {start:,}..{start + len(tokens):,}, decoded):\n{text}")
+    else:
+        print(f"\nsample (tokens {start:,}..{start + len(tokens):,}): {tokens.tolist()}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from stoker.demo import run_demo
+
+    return run_demo(
+        steps=args.steps,
+        world=args.world,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        workdir=args.workdir,
+        num_workers=args.num_workers,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stoker", description="Keeps the GPUs of a training job fed.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build-tokens", help="tokenize text files into a token dataset")
+    b.add_argument("sources", nargs="+", help=".txt, .jsonl or .parquet files (any fsspec URL)")
+    b.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
+    b.add_argument("--tokenizer", required=True, help="Hugging Face tokenizers JSON file")
+    b.add_argument("--eos-token", help="end-of-document token (default: the tokenizer's)")
+    b.add_argument("--text-field", default="text", help="JSON field of .jsonl inputs")
+    b.add_argument("--text-column", default="text", help="column of .parquet inputs")
+    b.add_argument(
+        "--txt-split",
+        choices=("file", "line", "blank"),
+        default="file",
+        help="a .txt document is a whole file, a line, or a blank-line paragraph",
+    )
+    from stoker.formats.token_writer import DEFAULT_BLOCK_TOKENS, DEFAULT_LEVEL, DEFAULT_SHUFFLE
+
+    b.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
+    b.add_argument("--level", type=int, default=DEFAULT_LEVEL, help="zstd level")
+    b.add_argument("--dictionary", action="store_true", help="train a zstd dictionary")
+    b.add_argument("--byte-shuffle", action=argparse.BooleanOptionalAction, default=DEFAULT_SHUFFLE)
+    b.add_argument("--workers", type=int, help="tokenizer processes (default: CPU count)")
+    b.add_argument("--storage-options", help="JSON object of fsspec options for --out")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(func=cmd_build_tokens)
+
+    i = sub.add_parser("inspect", help="describe a token dataset")
+    i.add_argument("url")
+    i.add_argument("--storage-options", help="JSON object of fsspec options")
+    i.add_argument("--offset", type=int, default=0, help="first token of the sample shown")
+    i.add_argument("--sample-tokens", type=int, default=64)
+    i.set_defaults(func=cmd_inspect)
+
+    d = sub.add_parser("demo", help="build a small dataset and train a tiny model on 2 CPU ranks")
+    d.add_argument("--steps", type=int, default=60)
+    d.add_argument("--world", type=int, default=2)
+    d.add_argument("--seq-len", type=int, default=128)
+    d.add_argument("--batch-size", type=int, default=8)
+    d.add_argument("--num-workers", type=int, default=0)
+    d.add_argument("--workdir", help="keep the dataset here (default: a temporary directory)")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except StokerError as exc:
+        print(f"stoker: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
