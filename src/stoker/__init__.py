@@ -19,6 +19,7 @@ from stoker.errors import (
 from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
 from stoker.formats.tokens import TokenSource
 from stoker.loader.dataset import TokenDataset
+from stoker.loader.fast import TokenLoader, WorkerError
 from stoker.loader.masks import cu_seqlens, doc_starts
 from stoker.manifest import Manifest
 from stoker.storage import RetryPolicy, Storage
@@ -41,10 +42,12 @@ __all__ = [
     "Storage",
     "StorageError",
     "TokenDataset",
+    "TokenLoader",
     "TokenSource",
     "TokenWriter",
     "UnreachableError",
     "UnsupportedFormatError",
+    "WorkerError",
     "WriteOptions",
     "__version__",
     "cu_seqlens",

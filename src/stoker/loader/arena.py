@@ -126,13 +126,37 @@ class BlockArena:
                 if fut.done():
                     fut.result()  # surface a failed load
 
-    def gather(self, token_index: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Tokens (and doc-start flags) at global token positions ``token_index``."""
-        blocks = token_index // self.bt
-        ub = np.unique(blocks)
-        slots = self.require(ub)
-        where = slots[np.searchsorted(ub, blocks)] * self.bt + token_index % self.bt
-        return self.tokens[where], None if self.starts is None else self.starts[where]
+    def windows(
+        self, starts: np.ndarray, length: int, out: np.ndarray, mask: np.ndarray | None
+    ) -> None:
+        """Copy tokens ``[s, s + length)`` for each ``s`` in ``starts`` into rows of ``out``.
+
+        ``out`` may be wider than the stored dtype (int64); the copy widens.
+        """
+        bt = self.bt
+        first = starts // bt
+        last = (starts + length - 1) // bt
+        ub = np.unique(np.concatenate([first, last]))
+        if len(ub) and int((last - first).max()) > 1:  # windows longer than a block
+            ub = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
+        slot_of = dict(zip(ub.tolist(), self.require(ub).tolist()))
+        tokens, flags = self.tokens, self.starts
+        for i, (s, f, e) in enumerate(zip(starts.tolist(), first.tolist(), last.tolist())):
+            if f == e:
+                a = slot_of[f] * bt + s - f * bt
+                out[i] = tokens[a : a + length]
+                if mask is not None and flags is not None:
+                    mask[i] = flags[a : a + length]
+                continue
+            pos = 0
+            for b in range(f, e + 1):
+                lo = max(s, b * bt)
+                hi = min(s + length, (b + 1) * bt)
+                a = slot_of[b] * bt + lo - b * bt
+                out[i, pos : pos + hi - lo] = tokens[a : a + hi - lo]
+                if mask is not None and flags is not None:
+                    mask[i, pos : pos + hi - lo] = flags[a : a + hi - lo]
+                pos += hi - lo
 
     def close(self) -> None:
         for fut in list(self._loading.values()):

@@ -152,16 +152,37 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         return plan.worker_count(n, pl.worker, pl.num_workers, self.batch_size)
 
     # -- iteration -------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        pl = self._placement()
+    def _id_chunks(
+        self, progress: st.Progress, rank: int, worker: int, num_workers: int, skip: int, chunk: int
+    ) -> Iterator[np.ndarray]:
+        """Sample ids of one worker's share of the epoch, in order, ``chunk`` at a time."""
+        split = progress.split
+        m0 = progress.consumed
+        remaining = split.per_rank - m0
+        count = plan.worker_count(remaining, worker, num_workers, self.batch_size)
+        stream = plan.Stream(self.num_samples, self.shuffle_config)
+        for lo in range(skip, count, chunk):
+            local = m0 + plan.worker_indices(
+                remaining, worker, num_workers, self.batch_size, lo, lo + chunk
+            )
+            yield stream.samples(split.rank_positions(rank, local))
+
+    def _reader(self) -> _Reader:
+        return _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts)
+
+    def _finish_epoch(self, progress: st.Progress) -> None:
+        self._next_set = progress.split.next_epoch_set(
+            progress.epoch, self.num_samples, self.drop_remainder
+        )
+        self._epoch = progress.epoch + 1
+        self._progress = None
+        self._worker = None
+
+    def _start(self, pl: Placement) -> tuple[st.Progress, int]:
         progress, skip = self._begin(pl)
         self._pending = None
         self._epoch = progress.epoch
         self._progress = progress
-        split = progress.split
-        m0, n = progress.consumed, split.per_rank
-        remaining = n - m0
-        count = plan.worker_count(remaining, pl.worker, pl.num_workers, self.batch_size)
         self._worker = (
             {"worker": pl.worker, "num_workers": pl.num_workers, "yielded": skip}
             if pl.num_workers > 1
@@ -169,26 +190,20 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         )
         if pl.num_workers == 1 and skip:
             progress.consumed += skip
-        stream = plan.Stream(self.num_samples, self.shuffle_config)
-        reader = _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts)
+        return progress, skip
 
-        def ids(lo: int, hi: int) -> np.ndarray:
-            local = m0 + plan.worker_indices(
-                remaining, pl.worker, pl.num_workers, self.batch_size, lo, hi
-            )
-            return stream.samples(split.rank_positions(pl.rank, local))
-
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        pl = self._placement()
+        progress, skip = self._start(pl)
+        reader = self._reader()
         try:
-            nxt = ids(skip, skip + PLAN_CHUNK)
-            k = skip
-            while k < count:
-                cur = nxt
-                nxt = ids(k + len(cur), k + len(cur) + PLAN_CHUNK)
-                reader.plan(cur, nxt)
-                for lo in range(0, len(cur), 64):
-                    sub = cur[lo : lo + 64]
+            for ids in reader.lookahead(
+                self._id_chunks(progress, pl.rank, pl.worker, pl.num_workers, skip, PLAN_CHUNK)
+            ):
+                for lo in range(0, len(ids), 64):
+                    sub = ids[lo : lo + 64]
                     toks, mask = reader.read(sub)
-                    tt = torch.from_numpy(toks.astype(np.int64))
+                    tt = torch.from_numpy(toks)
                     mm = torch.from_numpy(mask) if mask is not None else None
                     for i, sid in enumerate(sub.tolist()):
                         item: dict[str, Any] = {"tokens": tt[i], "sample_id": sid}
@@ -199,14 +214,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
                         else:
                             progress.consumed += 1
                         yield item
-                k += len(cur)
         finally:
             reader.close()
-        # the epoch is over for this process
-        self._next_set = split.next_epoch_set(progress.epoch, self.num_samples, self.drop_remainder)
-        self._epoch = progress.epoch + 1
-        self._progress = None
-        self._worker = None
+        self._finish_epoch(progress)
 
     def _arena_slots(self) -> int:
         if self.arena_blocks is not None:
@@ -260,35 +270,58 @@ class _Reader:
         self.offsets = np.arange(seq_len + 1, dtype=np.int64)
         self.bt = source.manifest.block_tokens
         self._seq = np.zeros(0, dtype=np.int64)
+        self._pos = self._scheduled = 0
 
     def plan(self, current: np.ndarray, upcoming: np.ndarray) -> None:
         """The samples that come next, in order."""
         self._seq = np.concatenate([current, upcoming])
         self._pos = 0
+        self._scheduled = 0
 
-    def read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """Windows of the next ``len(ids)`` planned samples."""
-        future = self._seq[self._pos :] * self.L
+    def lookahead(self, chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        """Pass chunks of ids through, planning each with the one after it."""
+        cur = next(chunks, None)
+        while cur is not None:
+            nxt = next(chunks, None)
+            self.plan(cur, nxt if nxt is not None else np.zeros(0, dtype=np.int64))
+            yield cur
+            cur = nxt
+
+    def read(
+        self, ids: np.ndarray, out: np.ndarray | None = None, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows of the next ``len(ids)`` planned samples, as int64 (into ``out`` if given)."""
+        if self._pos >= self._scheduled + 64 or self._pos == 0:
+            self._schedule()
         self._pos += len(ids)
-        # blocks in order of first use: first block of each sample, then its last
+        shape = (len(ids), self.L + 1)
+        if out is None:
+            out = np.empty(shape, dtype=np.int64)
+        if mask is None and self.arena.starts is not None:
+            mask = np.empty(shape, dtype=bool)
+        self._read(ids, out, mask)
+        return out, mask
+
+    def _schedule(self) -> None:
+        """Tell the arena which blocks come next, in order of first use."""
+        self._scheduled = self._pos
+        future = self._seq[self._pos :] * self.L
         seq_blocks = np.stack([future // self.bt, (future + self.L) // self.bt], axis=1).reshape(-1)
         order, first = np.unique(seq_blocks, return_index=True)
         by_use = np.argsort(first, kind="stable")
         self.arena.schedule(order[by_use], first[by_use], ahead=self.arena.slots // 2)
-        return self._gather(ids)
 
-    def _gather(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def _read(self, ids: np.ndarray, out: np.ndarray, mask: np.ndarray | None) -> None:
         starts = ids * self.L
-        blocks = np.unique(np.concatenate([starts // self.bt, (starts + self.L) // self.bt]))
-        if len(blocks) > self.arena.slots - 1 and len(ids) > 1:  # too many for the arena at once
+        span = -(-(self.L + 1) // self.bt) + 1  # blocks one window can touch
+        if (
+            len(ids) * span > self.arena.slots - 1 and len(ids) > 1
+        ):  # too many for the arena at once
             half = len(ids) // 2
-            (t1, m1), (t2, m2) = self._gather(ids[:half]), self._gather(ids[half:])
-            mask = None if m1 is None or m2 is None else np.concatenate([m1, m2])
-            return np.concatenate([t1, t2]), mask
-        index = starts[:, None] + self.offsets[None, :]
-        toks, mask = self.arena.gather(index.reshape(-1))
-        shape = (len(ids), self.L + 1)
-        return toks.reshape(shape), None if mask is None else mask.reshape(shape)
+            self._read(ids[:half], out[:half], None if mask is None else mask[:half])
+            self._read(ids[half:], out[half:], None if mask is None else mask[half:])
+            return
+        self.arena.windows(starts, self.L + 1, out, mask)
 
     def close(self) -> None:
         self.arena.close()

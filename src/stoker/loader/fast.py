@@ -1,0 +1,256 @@
+"""``TokenLoader``: batches from worker processes through shared memory.
+
+torch's DataLoader moves every batch from a worker as a pickled message and a
+freshly allocated shared-memory segment; that costs about the same for a tiny
+batch as for a big one and caps a loader at a few thousand batches a second.
+TokenLoader gives each worker a ring of batch slots in shared memory,
+allocated once. A worker writes a batch straight into a free slot (decoded
+tokens gathered from its block arena, widened to int64 there) and sends only
+the slot number; the main process copies the batch out (or, with
+``zero_copy=True``, hands out views that stay valid until the next batch is
+requested) and returns the slot.
+
+Batches come out in the rank's sample order, the same order as
+``DataLoader(TokenDataset(..., batch_size=B), batch_size=B)`` for any number
+of workers, and the loader counts what the caller consumed, so
+``state_dict()`` is exact and topology-free (it restores with another world
+size or number of workers).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import traceback
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker.errors import ConfigError, StokerError
+from stoker.loader import state as st
+from stoker.loader.dataset import PLAN_CHUNK, TokenDataset
+
+
+class WorkerError(StokerError, RuntimeError):
+    """A loader worker process failed; the message carries its traceback."""
+
+
+class _Slots:
+    """``depth`` batch buffers in shared memory."""
+
+    def __init__(self, depth: int, batch: int, width: int, masks: bool) -> None:
+        self.tokens = torch.zeros((depth, batch, width), dtype=torch.int64).share_memory_()
+        self.ids = torch.zeros((depth, batch), dtype=torch.int64).share_memory_()
+        self.masks = (
+            torch.zeros((depth, batch, width), dtype=torch.bool).share_memory_() if masks else None
+        )
+
+
+def _fill(reader: Any, ids: np.ndarray, slots: _Slots, slot: int) -> None:
+    """Gather a batch straight into a shared-memory slot."""
+    n = len(ids)
+    mask = None if slots.masks is None else slots.masks[slot, :n].numpy()
+    reader.read(ids, slots.tokens[slot, :n].numpy(), mask)
+    slots.ids[slot, :n].numpy()[...] = ids
+
+
+def _worker_main(
+    ds: TokenDataset,
+    progress: st.Progress,
+    rank: int,
+    worker: int,
+    num_workers: int,
+    slots: _Slots,
+    conn: Connection,
+) -> None:
+    torch.set_num_threads(1)
+    B = ds.batch_size
+    chunk = B * max(1, PLAN_CHUNK // B)
+    reader = ds._reader()
+    try:
+        for ids in reader.lookahead(ds._id_chunks(progress, rank, worker, num_workers, 0, chunk)):
+            for lo in range(0, len(ids), B):
+                slot = conn.recv()
+                if slot is None:
+                    return
+                batch = ids[lo : lo + B]
+                _fill(reader, batch, slots, slot)
+                conn.send((slot, len(batch)))
+        conn.send(None)
+    except BaseException:
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except Exception:
+            pass
+    finally:
+        reader.close()
+        conn.close()
+
+
+def _give_back(conn: Connection, slot: int) -> None:
+    """Return a slot; a worker that already sent its last batch may be gone."""
+    try:
+        conn.send(slot)
+    except (BrokenPipeError, OSError):
+        pass
+
+
+class TokenLoader:
+    """Batches of a :class:`TokenDataset` (its ``batch_size``), loaded by ``num_workers`` processes.
+
+    Each batch is a dict: ``tokens`` (B, seq_len + 1) int64, ``sample_id``
+    (B,) int64 and ``doc_start_mask`` (B, seq_len + 1) bool. The last batch of
+    an epoch may be shorter. Iterating again runs the next epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: TokenDataset,
+        num_workers: int = 0,
+        *,
+        prefetch: int = 4,
+        zero_copy: bool = False,
+        timeout: float = 300.0,
+    ) -> None:
+        if num_workers < 0:
+            raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
+        if prefetch < 1:
+            raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.zero_copy = zero_copy
+        self.timeout = timeout
+        self._progress: st.Progress | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.dataset.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return -(-len(self.dataset) // self.batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Exact state: samples the caller consumed, not what workers prefetched."""
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        ds = self.dataset
+        pl = ds._placement()
+        progress, _ = ds._start(pl)
+        if self.num_workers == 0:
+            yield from self._in_process(progress, pl.rank)
+        else:
+            yield from self._from_workers(progress, pl.rank)
+        ds._finish_epoch(progress)
+
+    def _batch(
+        self, toks: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        out = {"tokens": toks, "sample_id": ids}
+        if mask is not None:
+            out["doc_start_mask"] = mask
+        return out
+
+    def _in_process(self, progress: st.Progress, rank: int) -> Iterator[dict[str, torch.Tensor]]:
+        ds = self.dataset
+        B = ds.batch_size
+        chunk = B * max(1, PLAN_CHUNK // B)
+        reader = ds._reader()
+        try:
+            for ids in reader.lookahead(ds._id_chunks(progress, rank, 0, 1, 0, chunk)):
+                for lo in range(0, len(ids), B):
+                    batch = ids[lo : lo + B]
+                    toks, mask = reader.read(batch)
+                    progress.consumed += len(batch)  # handed to the caller = consumed
+                    yield self._batch(
+                        torch.from_numpy(toks),
+                        torch.from_numpy(batch.copy()),
+                        None if mask is None else torch.from_numpy(mask),
+                    )
+        finally:
+            reader.close()
+
+    def _from_workers(self, progress: st.Progress, rank: int) -> Iterator[dict[str, torch.Tensor]]:
+        ds = self.dataset
+        nw = self.num_workers
+        B = ds.batch_size
+        total = -(-(progress.split.per_rank - progress.consumed) // B)
+        ctx = mp.get_context("fork")
+        rings = [_Slots(self.prefetch, B, ds.seq_len + 1, ds.doc_starts) for _ in range(nw)]
+        conns: list[Connection] = []
+        procs = []
+        try:
+            for w in range(nw):
+                parent, child = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=_worker_main,
+                    args=(ds, progress, rank, w, nw, rings[w], child),
+                    daemon=True,
+                    name=f"stoker-loader-{w}",
+                )
+                proc.start()
+                child.close()
+                conns.append(parent)
+                procs.append(proc)
+                for slot in range(self.prefetch):
+                    parent.send(slot)
+            for b in range(total):
+                w = b % nw
+                slot, n = self._receive(conns[w], procs[w], w)
+                ring = rings[w]
+                toks, ids = ring.tokens[slot, :n], ring.ids[slot, :n]
+                mask = None if ring.masks is None else ring.masks[slot, :n]
+                progress.consumed += n  # handed to the caller = consumed
+                if not self.zero_copy:
+                    toks, ids = toks.clone(), ids.clone()
+                    mask = None if mask is None else mask.clone()
+                    _give_back(conns[w], slot)
+                    yield self._batch(toks, ids, mask)
+                else:
+                    yield self._batch(toks, ids, mask)
+                    _give_back(conns[w], slot)
+        finally:
+            for conn in conns:
+                try:
+                    conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+            for proc in procs:
+                proc.join(timeout=5)
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(timeout=5)
+            for conn in conns:
+                conn.close()
+
+    def _receive(self, conn: Connection, proc: Any, w: int) -> tuple[int, int]:
+        waited = 0.0
+        while not conn.poll(1.0):
+            waited += 1.0
+            if not proc.is_alive():
+                raise WorkerError(
+                    f"loader worker {w} (pid {proc.pid}) died with exit code {proc.exitcode}"
+                )
+            if waited >= self.timeout:
+                raise WorkerError(f"loader worker {w} sent no batch for {self.timeout:.0f} s")
+        try:
+            msg = conn.recv()
+        except EOFError as exc:
+            raise WorkerError(
+                f"loader worker {w} closed its pipe (exit code {proc.exitcode})"
+            ) from exc
+        if msg is None:
+            raise WorkerError(f"loader worker {w} ran out of samples early; this is a stoker bug")
+        if isinstance(msg[0], str):
+            raise WorkerError(f"loader worker {w} (pid {os.getpid()}'s child) failed:\n{msg[1]}")
+        return int(msg[0]), int(msg[1])
