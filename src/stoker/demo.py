@@ -207,6 +207,7 @@ def _TinyLM(vocab: int, seq_len: int) -> Any:
             layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
             self.body = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
             self.head = nn.Linear(d, vocab)
+            self.mask: torch.Tensor
             self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -230,7 +231,7 @@ def run_demo(
     with tempfile.TemporaryDirectory(prefix="stoker-demo-") as tmpdir:
         base = Path(workdir) if workdir else Path(tmpdir)
         dataset = prepare(base)
-        cfg = {
+        cfg: dict[str, Any] = {
             "dataset": str(dataset),
             "seq_len": seq_len,
             "batch_size": batch_size,

@@ -144,33 +144,33 @@ class Manifest:
                 f"(it reads version {FORMAT_VERSION}); upgrade stoker or rewrite the dataset"
             )
         get = _Fields(raw, where)
-        dtype = get.str("dtype")
+        dtype = get.text("dtype")
         if dtype not in _DTYPES:
             raise ManifestError(
                 f"{where}: field 'dtype' is {dtype!r}, expected one of {sorted(_DTYPES)}"
             )
         comp = get.obj("compression")
         cget = _Fields(comp, f"{where}: compression")
-        if cget.str("codec") != "zstd":
+        if cget.text("codec") != "zstd":
             raise ManifestError(
                 f"{where}: compression codec {comp.get('codec')!r} is not supported"
             )
         dictionary = comp.get("dictionary")
         tok = raw.get("tokenizer")
         manifest = cls(
-            dataset_id=get.str("dataset_id"),
+            dataset_id=get.text("dataset_id"),
             dtype=dtype,
-            vocab_size=get.int("vocab_size", minimum=1),
+            vocab_size=get.integer("vocab_size", minimum=1),
             eos_id=get.opt_int("eos_id"),
-            num_tokens=get.int("num_tokens", minimum=1),
-            num_documents=get.int("num_documents", minimum=0),
-            block_tokens=get.int("block_tokens", minimum=1),
-            blocks_per_file=get.int("blocks_per_file", minimum=1),
-            files=tuple(_file_ref(f, where) for f in get.list("files")),
+            num_tokens=get.integer("num_tokens", minimum=1),
+            num_documents=get.integer("num_documents", minimum=0),
+            block_tokens=get.integer("block_tokens", minimum=1),
+            blocks_per_file=get.integer("blocks_per_file", minimum=1),
+            files=tuple(_file_ref(f, where) for f in get.items("files")),
             index=_file_ref(get.obj("index"), where),
             compression=Compression(
                 codec="zstd",
-                level=cget.int("level", minimum=-(2**17)),
+                level=cget.integer("level", minimum=-(2**17)),
                 shuffle=bool(comp.get("shuffle", False)),
                 dictionary=None if dictionary is None else _file_ref(dictionary, where),
             ),
@@ -224,8 +224,8 @@ def _file_ref(raw: Any, where: str) -> FileRef:
     get = _Fields(raw, f"{where}: file entry")
     xxh = raw.get("xxh64")
     return FileRef(
-        path=safe_relpath(get.str("path"), where),
-        bytes=get.int("bytes", minimum=0),
+        path=safe_relpath(get.text("path"), where),
+        bytes=get.integer("bytes", minimum=0),
         xxh64=None if xxh is None else str(xxh),
     )
 
@@ -236,8 +236,8 @@ def _tokenizer(raw: Any, where: str) -> TokenizerInfo:
     get = _Fields(raw, f"{where}: tokenizer")
     path = raw.get("path")
     return TokenizerInfo(
-        name=get.str("name"),
-        sha256=get.str("sha256"),
+        name=get.text("name"),
+        sha256=get.text("sha256"),
         eos_token=raw.get("eos_token"),
         path=None if path is None else safe_relpath(path, where),
     )
@@ -254,13 +254,13 @@ class _Fields:
             raise ManifestError(f"{self.where}: required field {name!r} is missing")
         return self.raw[name]
 
-    def str(self, name: str) -> str:
+    def text(self, name: str) -> str:
         value = self._get(name)
         if not isinstance(value, str):
             raise ManifestError(f"{self.where}: field {name!r} must be a string, got {value!r}")
         return value
 
-    def int(self, name: str, minimum: int | None = None) -> int:
+    def integer(self, name: str, minimum: int | None = None) -> int:
         value = self._get(name)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ManifestError(f"{self.where}: field {name!r} must be an integer, got {value!r}")
@@ -269,7 +269,7 @@ class _Fields:
         return value
 
     def opt_int(self, name: str) -> int | None:
-        return None if self.raw.get(name) is None else self.int(name)
+        return None if self.raw.get(name) is None else self.integer(name)
 
     def obj(self, name: str) -> dict[str, Any]:
         value = self._get(name)
@@ -277,7 +277,7 @@ class _Fields:
             raise ManifestError(f"{self.where}: field {name!r} must be an object")
         return value
 
-    def list(self, name: str) -> list[Any]:
+    def items(self, name: str) -> list[Any]:
         value = self._get(name)
         if not isinstance(value, list):
             raise ManifestError(f"{self.where}: field {name!r} must be a list")

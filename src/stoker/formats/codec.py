@@ -69,15 +69,13 @@ class BlockCodec:
     def _cctx(self) -> zstandard.ZstdCompressor:
         c = getattr(self._local, "c", None)
         if c is None:
-            kwargs = {"dict_data": self._dict} if self._dict is not None else {}
-            c = self._local.c = zstandard.ZstdCompressor(level=self.level, **kwargs)
+            c = self._local.c = zstandard.ZstdCompressor(level=self.level, dict_data=self._dict)
         return c
 
     def _dctx(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._local, "d", None)
         if d is None:
-            kwargs = {"dict_data": self._dict} if self._dict is not None else {}
-            d = self._local.d = zstandard.ZstdDecompressor(**kwargs)
+            d = self._local.d = zstandard.ZstdDecompressor(dict_data=self._dict)
         return d
 
     def encode(self, tokens: np.ndarray, doc_starts: np.ndarray) -> tuple[bytes, bytes]:
@@ -108,4 +106,4 @@ class BlockCodec:
 
 def train_dictionary(samples: list[bytes], size: int = 112 * 1024) -> bytes:
     """A zstd dictionary trained on raw block bytes."""
-    return zstandard.train_dictionary(size, samples).as_bytes()
+    return zstandard.train_dictionary(size, list(samples)).as_bytes()  # type: ignore[arg-type]
