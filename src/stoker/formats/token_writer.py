@@ -135,7 +135,8 @@ class TokenWriter:
         self._file_pos = 0
         self._written_paths: list[str] = []
         self.num_tokens = 0
-        self.num_documents = 0
+        self.num_documents = 0  # documents written (empty ones without EOS are skipped)
+        self.documents_seen = 0  # documents given to add(), numbering errors
         self.compressed_bytes = 0
         self._closed = False
 
@@ -143,16 +144,16 @@ class TokenWriter:
     def add(self, document: ArrayLike) -> None:
         """Append one document (token ids)."""
         doc = np.asarray(document)
+        number = self.documents_seen
+        self.documents_seen += 1
         if doc.ndim != 1:
-            raise InputError(f"document {self.num_documents} is not 1-D (shape {doc.shape})")
+            raise InputError(f"document {number} is not 1-D (shape {doc.shape})")
         if doc.size and not np.issubdtype(doc.dtype, np.integer):
-            raise InputError(
-                f"document {self.num_documents} has dtype {doc.dtype}, expected integers"
-            )
+            raise InputError(f"document {number} has dtype {doc.dtype}, expected integers")
         if doc.size and (doc.min() < 0 or doc.max() >= self.vocab_size):
             bad = int(doc.max() if doc.max() >= self.vocab_size else doc.min())
             raise InputError(
-                f"document {self.num_documents} holds token id {bad} outside [0, {self.vocab_size})"
+                f"document {number} holds token id {bad} outside [0, {self.vocab_size})"
             )
         if self.eos_id is not None:
             doc = np.append(doc, self.eos_id)

@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset
 
 from stoker import intervals, plan
 from stoker.cache import BlockCache, DiskCache
-from stoker.errors import ConfigError
+from stoker.errors import ConfigError, StateError
 from stoker.formats.tokens import TokenSource
 from stoker.loader import state as st
 from stoker.loader.arena import BlockArena
@@ -131,11 +131,6 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
                 pl.num_workers,
             ):
                 skip = int(worker.get("yielded", 0))
-            if progress.consumed >= progress.split.per_rank:  # saved at an epoch's end
-                nxt = progress.split.next_epoch_set(
-                    progress.epoch, self.num_samples, self.drop_remainder
-                )
-                return st.Progress(progress.epoch + 1, nxt, pl.world, self.batch_size), 0
             return progress, skip
         if self._next_set is not None:
             epoch_set = self._next_set
@@ -244,7 +239,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         """Continue from ``state`` at the next iteration. Raises StateError if it does not fit."""
         st.check(state, self._identity())
         if bool(state.get("drop_remainder")) != self.drop_remainder:
-            raise ConfigError(
+            raise StateError(
                 f"state was saved with drop_remainder={state.get('drop_remainder')}, "
                 f"but this dataset has drop_remainder={self.drop_remainder}"
             )

@@ -37,12 +37,12 @@ from stoker.plan import EpochSplit
 STATE_VERSION = 1
 IDENTITY_FIELDS = (
     "dataset_id",
-    "num_samples",
     "seq_len",
     "seed",
     "shuffle",
     "shard_size",
     "window_shards",
+    "num_samples",
 )
 
 
