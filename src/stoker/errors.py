@@ -38,7 +38,7 @@ class UnsupportedFormatError(ManifestError):
 class ChecksumError(DatasetError):
     """A block's bytes do not match the checksum in the manifest."""
 
-    def __init__(self, message: str, *, file: str, block: int) -> None:
+    def __init__(self, message: str, *, file: str = "", block: int = -1) -> None:
         super().__init__(message)
         self.file = file
         self.block = block

@@ -85,8 +85,18 @@ def _classify(exc: BaseException) -> str:
     """'missing', 'unreachable', 'fatal' or 'transient'."""
     if isinstance(exc, FileNotFoundError):
         return "missing"
-    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError)):
-        return "fatal"
+    if isinstance(
+        exc,
+        (
+            PermissionError,
+            IsADirectoryError,
+            NotADirectoryError,
+            TypeError,
+            AttributeError,
+            NotImplementedError,
+        ),
+    ):
+        return "fatal"  # retrying cannot help (the last three are programming errors)
     if isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
         return "unreachable"
     text = f"{type(exc).__name__}: {exc}".lower()
@@ -122,12 +132,13 @@ class Storage:
     # -- per-process clients --------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=None, _fs=None, _pool=None, _lock=None, stats=StorageStats())
+        state.update(_pid=None, _fs=None, _pool=None, _lock=None, stats=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self.stats = StorageStats()
 
     def _check_pid(self) -> None:
         if self._pid != os.getpid():
@@ -143,9 +154,12 @@ class Storage:
         if self._fs is None:
             with self._lock:
                 if self._fs is None:
-                    self._fs = fsspec.filesystem(
+                    fs = fsspec.filesystem(
                         self.protocol, skip_instance_cache=True, **self._options()
                     )
+                    if self.protocol in ("s3", "s3a"):
+                        fs.retries = 1  # stoker retries (with backoff) itself
+                    self._fs = fs
         return self._fs
 
     @property
@@ -176,7 +190,6 @@ class Storage:
             config.setdefault("read_timeout", r.read_timeout)
             config.setdefault("retries", {"max_attempts": 1})
             opts["config_kwargs"] = config
-            opts.setdefault("retries", 1)
         return opts
 
     # -- paths ---------------------------------------------------------------

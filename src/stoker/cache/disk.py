@@ -2,8 +2,9 @@
 
 Each record is one file, written aside and renamed into place, so a reader
 never sees half a record. Hits refresh the file's mtime; when the directory
-grows past its limit, the process that wrote last removes the least recently
-used files until it is under 90% of the limit. Only files this cache names
+grows past its limit (counted on disk after every write, since several
+processes share it), the writer removes the least recently used files until
+it is under 90% of the limit. Only files this cache names
 (``*.blk``) are ever removed.
 """
 
@@ -28,7 +29,6 @@ class DiskCache:
             raise ConfigError(f"cache limit must be positive, got {limit_bytes} bytes")
         self.directory = Path(directory)
         self.limit_bytes = limit_bytes
-        self._approx = -1  # bytes in the directory, recounted when unknown
         self._lock = threading.Lock()
         self.hits = self.misses = self.evictions = 0
         self._warned = False
@@ -79,11 +79,8 @@ class DiskCache:
                 )
             return
         with self._lock:
-            if self._approx < 0:
-                self._approx = self._scan_size()
-            else:
-                self._approx += len(data)
-            if self._approx > self.limit_bytes:
+            # other processes write here too: count what is on disk, not what we wrote
+            if self._scan_size() > self.limit_bytes:
                 self._evict()
 
     def discard(self, key: str) -> None:
@@ -113,7 +110,6 @@ class DiskCache:
             path.unlink(missing_ok=True)
             total -= size
             self.evictions += 1
-        self._approx = total
 
     def size_bytes(self) -> int:
         return self._scan_size() if self.directory.exists() else 0

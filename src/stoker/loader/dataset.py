@@ -83,6 +83,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         self._epoch = 0
         self._next_set: np.ndarray | None = None  # carried set of the epoch after the last one run
         self._pending: dict[str, Any] | None = None  # a loaded state, applied at the next iteration
+        self._finished: dict[str, Any] | None = None  # a worker's state after its epoch ended
         self._progress: st.Progress | None = None
         self._worker: dict[str, int] | None = None
 
@@ -112,6 +113,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         if epoch != self._epoch:
             self._next_set = None
             self._pending = None
+            self._finished = None
         self._epoch = epoch
 
     @property
@@ -166,6 +168,12 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         return _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts)
 
     def _finish_epoch(self, progress: st.Progress) -> None:
+        if self._worker is not None:
+            # inside a DataLoader worker, a state taken now (torchdata's StatefulDataLoader
+            # snapshots after the generator ends) must still describe the finished epoch
+            self._finished = st.build(
+                self._identity(), self.drop_remainder, progress, dict(self._worker)
+            )
         self._next_set = progress.split.next_epoch_set(
             progress.epoch, self.num_samples, self.drop_remainder
         )
@@ -175,6 +183,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _start(self, pl: Placement) -> tuple[st.Progress, int]:
         progress, skip = self._begin(pl)
+        self._finished = None
         self._pending = None
         self._epoch = progress.epoch
         self._progress = progress
@@ -228,6 +237,8 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         """A small, exact snapshot of how far this stream got (see stoker.loader.state)."""
         if self._pending is not None:
             return dict(self._pending)
+        if self._finished is not None:
+            return dict(self._finished)
         progress = self._progress
         if progress is None:
             pl = self._placement()
@@ -245,6 +256,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
             )
         st.restore(state, state["world"], state["chunk"])  # validates the interval set
         self._pending = dict(state)
+        self._finished = None
         self._epoch = state["epoch"]
         self._next_set = None
         self._progress = None
