@@ -50,6 +50,7 @@ def cmd_build_tokens(args: argparse.Namespace) -> int:
         level=args.level,
         shuffle=args.byte_shuffle,
         dictionary=args.dictionary,
+        min_match=args.min_match or None,
     )
     manifest, stats = build_tokens(
         args.sources,
@@ -147,11 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
         default="file",
         help="a .txt document is a whole file, a line, or a blank-line paragraph",
     )
-    from stoker.formats.token_writer import DEFAULT_BLOCK_TOKENS, DEFAULT_LEVEL, DEFAULT_SHUFFLE
+    from stoker.formats.token_writer import (
+        DEFAULT_BLOCK_TOKENS,
+        DEFAULT_LEVEL,
+        DEFAULT_MIN_MATCH,
+        DEFAULT_SHUFFLE,
+    )
 
     b.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
     b.add_argument("--level", type=int, default=DEFAULT_LEVEL, help="zstd level")
     b.add_argument("--dictionary", action="store_true", help="train a zstd dictionary")
+    b.add_argument(
+        "--min-match",
+        type=int,
+        default=DEFAULT_MIN_MATCH,
+        help="zstd minimum match length in bytes (0: the level's own)",
+    )
     b.add_argument("--byte-shuffle", action=argparse.BooleanOptionalAction, default=DEFAULT_SHUFFLE)
     b.add_argument("--workers", type=int, help="tokenizer processes (default: CPU count)")
     b.add_argument("--storage-options", help="JSON object of fsspec options for --out")

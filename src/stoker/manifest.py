@@ -60,6 +60,7 @@ class Compression:
     level: int = 3
     shuffle: bool = False
     dictionary: FileRef | None = None
+    min_match: int | None = None  # informational: readers need nothing for it
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class Manifest:
                 level=cget.integer("level", minimum=-(2**17)),
                 shuffle=bool(comp.get("shuffle", False)),
                 dictionary=None if dictionary is None else _file_ref(dictionary, where),
+                min_match=cget.opt_int("min_match"),
             ),
             tokenizer=None if tok is None else _tokenizer(tok, where),
             compressed_bytes=int(raw.get("compressed_bytes", 0)),

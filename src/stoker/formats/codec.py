@@ -47,10 +47,14 @@ class BlockCodec:
         level: int = 3,
         shuffle: bool = False,
         dictionary: bytes | None = None,
+        min_match: int | None = None,
+        block_bytes: int = 0,
     ) -> None:
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.level = level
         self.shuffle = shuffle
+        self.min_match = min_match
+        self.block_bytes = block_bytes
         self._dict_bytes = dictionary
         self._dict = zstandard.ZstdCompressionDict(dictionary) if dictionary else None
         self._local = threading.local()
@@ -61,6 +65,8 @@ class BlockCodec:
             "level": self.level,
             "shuffle": self.shuffle,
             "dictionary": self._dict_bytes,
+            "min_match": self.min_match,
+            "block_bytes": self.block_bytes,
         }
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -69,7 +75,14 @@ class BlockCodec:
     def _cctx(self) -> zstandard.ZstdCompressor:
         c = getattr(self._local, "c", None)
         if c is None:
-            c = self._local.c = zstandard.ZstdCompressor(level=self.level, dict_data=self._dict)
+            if self.min_match is None:
+                c = zstandard.ZstdCompressor(level=self.level, dict_data=self._dict)
+            else:  # tokens are 2-4 bytes: matches of two tokens pay (benchmarks/compression.py)
+                params = zstandard.ZstdCompressionParameters.from_level(
+                    self.level, source_size=self.block_bytes, min_match=self.min_match
+                )
+                c = zstandard.ZstdCompressor(compression_params=params, dict_data=self._dict)
+            self._local.c = c
         return c
 
     def _dctx(self) -> zstandard.ZstdDecompressor:

@@ -36,8 +36,9 @@ from stoker.manifest import (
 from stoker.storage import Storage
 
 #: Defaults chosen by benchmarks/compression.py (see docs/benchmarks.md).
-DEFAULT_BLOCK_TOKENS = 1 << 18
-DEFAULT_LEVEL = 3
+DEFAULT_BLOCK_TOKENS = 1 << 19  # 1 MiB of uint16
+DEFAULT_LEVEL = 9
+DEFAULT_MIN_MATCH = 4  # two uint16 tokens
 DEFAULT_SHUFFLE = False
 DICT_SAMPLE_BLOCKS = 32
 FILE_TARGET_BYTES = 256 << 20
@@ -52,6 +53,7 @@ class WriteOptions:
     shuffle: bool = DEFAULT_SHUFFLE
     dictionary: bool = False
     dictionary_size: int = 112 * 1024
+    min_match: int | None = DEFAULT_MIN_MATCH
     blocks_per_file: int | None = None
     threads: int = max(1, min(8, os.cpu_count() or 1))
 
@@ -208,7 +210,14 @@ class TokenWriter:
                 self._dictionary = train_dictionary(samples, o.dictionary_size)
             except Exception:  # too little data to train on: go without
                 self._dictionary = None
-        self._codec = BlockCodec(self.dtype, o.level, o.shuffle, self._dictionary)
+        self._codec = BlockCodec(
+            self.dtype,
+            o.level,
+            o.shuffle,
+            self._dictionary,
+            min_match=o.min_match,
+            block_bytes=o.block_tokens * self.dtype.itemsize,
+        )
         held, self._held = self._held, []
         for tokens, starts in held:
             self._submit(tokens, starts)
@@ -296,7 +305,9 @@ class TokenWriter:
             blocks_per_file=self.blocks_per_file,
             files=tuple(self._files),
             index=FileRef(index_path, len(index_bytes), f"{checksum(index_bytes):016x}"),
-            compression=Compression("zstd", self.opts.level, self.opts.shuffle, dict_ref),
+            compression=Compression(
+                "zstd", self.opts.level, self.opts.shuffle, dict_ref, self.opts.min_match
+            ),
             tokenizer=tok,
             compressed_bytes=self.compressed_bytes,
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -361,6 +372,7 @@ def write_tokens(
     level: int = DEFAULT_LEVEL,
     shuffle: bool = DEFAULT_SHUFFLE,
     dictionary: bool = False,
+    min_match: int | None = DEFAULT_MIN_MATCH,
     storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     tokenizer: TokenizerInfo | None = None,
@@ -372,7 +384,11 @@ def write_tokens(
     dtype is uint16 when ``vocab_size <= 65536``, else uint32.
     """
     options = WriteOptions(
-        block_tokens=block_tokens, level=level, shuffle=shuffle, dictionary=dictionary
+        block_tokens=block_tokens,
+        level=level,
+        shuffle=shuffle,
+        dictionary=dictionary,
+        min_match=min_match,
     )
     writer = TokenWriter(
         url,
