@@ -20,7 +20,6 @@ size or number of workers).
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stoker import errors
 from stoker.errors import ConfigError, StokerError
 from stoker.loader import state as st
 from stoker.loader.dataset import PLAN_CHUNK, TokenDataset
@@ -80,9 +80,10 @@ def _worker_main(
                 _fill(reader, batch, slots, slot)
                 conn.send((slot, len(batch)))
         conn.send(None)
-    except BaseException:
+    except BaseException as exc:
+        kind = type(exc).__name__ if isinstance(exc, StokerError) else ""
         try:
-            conn.send(("error", traceback.format_exc()))
+            conn.send(("error", kind, str(exc), traceback.format_exc()))
         except Exception:
             pass
     finally:
@@ -252,5 +253,9 @@ class TokenLoader:
         if msg is None:
             raise WorkerError(f"loader worker {w} ran out of samples early; this is a stoker bug")
         if isinstance(msg[0], str):
-            raise WorkerError(f"loader worker {w} (pid {os.getpid()}'s child) failed:\n{msg[1]}")
+            _, kind, text, trace = msg
+            error_type = getattr(errors, kind, None) if kind else None
+            if isinstance(error_type, type) and issubclass(error_type, StokerError):
+                raise error_type(f"{text} (in loader worker {w})")  # the typed error, re-raised
+            raise WorkerError(f"loader worker {w} failed:\n{trace}")
         return int(msg[0]), int(msg[1])

@@ -1,0 +1,161 @@
+"""stoker.TokenLoader: worker processes, shared-memory hand-off, exact state."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+import stoker
+
+from .helpers import Written, assert_exactly_once, check_samples, unbatch, write_dataset
+
+SEQ_LEN = 16
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    root = tmp_path_factory.mktemp("loader")
+    return write_dataset(root / "ds", num_docs=120, seed=7, block_tokens=512)
+
+
+def make(written: Written, **kw: object) -> stoker.TokenDataset:
+    kw.setdefault("batch_size", BATCH)
+    return stoker.TokenDataset(str(written.path), SEQ_LEN, shard_size=5, window_shards=3, **kw)  # type: ignore[arg-type]
+
+
+def reference(written: Written, **kw: object) -> list[list[int]]:
+    """Batches of torch's DataLoader in-process: the order TokenLoader must match."""
+    ds = make(written, **kw)
+    return [b["sample_id"].tolist() for b in DataLoader(ds, batch_size=BATCH)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+def test_batches_match_dataloader_order_and_content(written: Written, num_workers: int) -> None:
+    ref = reference(written)
+    batches = list(stoker.TokenLoader(make(written), num_workers))
+    assert [b["sample_id"].tolist() for b in batches] == ref
+    ids = check_samples(written, SEQ_LEN, unbatch(batches))
+    assert_exactly_once(ids, written.num_samples(SEQ_LEN))
+    for b in batches[:-1]:
+        assert b["tokens"].shape == (BATCH, SEQ_LEN + 1)
+        assert b["doc_start_mask"].shape == (BATCH, SEQ_LEN + 1)
+
+
+def test_iterating_again_runs_the_next_epoch(written: Written) -> None:
+    loader = stoker.TokenLoader(make(written), 2)
+    first = [x for b in loader for x in b["sample_id"].tolist()]
+    second = [x for b in loader for x in b["sample_id"].tolist()]
+    assert first != second
+    assert_exactly_once(first, written.num_samples(SEQ_LEN))
+    assert_exactly_once(second, written.num_samples(SEQ_LEN))
+    assert loader.dataset.epoch == 2
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 2), (2, 3), (0, 2), (3, 0)])
+def test_resume_with_another_number_of_workers_is_exact(
+    written: Written, before: int, after: int
+) -> None:
+    ref = reference(written)
+    loader = stoker.TokenLoader(make(written), before)
+    it = iter(loader)
+    taken = [next(it)["sample_id"].tolist() for _ in range(7)]
+    state = loader.state_dict()
+    it.close()
+    assert state["consumed"] == 7 * BATCH
+    resumed = stoker.TokenLoader(make(written), after)
+    resumed.load_state_dict(state)
+    rest = [b["sample_id"].tolist() for b in resumed]
+    assert taken + rest == ref
+
+
+def test_state_counts_consumed_not_prefetched(written: Written) -> None:
+    loader = stoker.TokenLoader(make(written), 2, prefetch=4)
+    it = iter(loader)
+    next(it)
+    # the workers have filled several slots ahead by now; the state must not count them
+    assert loader.state_dict()["consumed"] == BATCH
+    it.close()
+
+
+def test_elastic_resume_from_loader_state_covers_the_epoch(written: Written) -> None:
+    """4 ranks consume 3 batches each; 3 ranks finish the epoch: every sample once."""
+    n = written.num_samples(SEQ_LEN)
+    seen: list[int] = []
+    state = None
+    for rank in range(4):
+        loader = stoker.TokenLoader(make(written, rank=rank, world_size=4), 1)
+        it = iter(loader)
+        for _ in range(3):
+            seen += next(it)["sample_id"].tolist()
+        if rank == 0:
+            state = loader.state_dict()
+        it.close()
+    assert state is not None
+    counts = []
+    carried = []
+    for rank in range(3):
+        ds = make(written, rank=rank, world_size=3)
+        loader = stoker.TokenLoader(ds, 2)
+        loader.load_state_dict(state)
+        got = [x for b in loader for x in b["sample_id"].tolist()]
+        counts.append(len(got))
+        seen += got
+        # what did not divide evenly is carried: next epoch's positions still in data epoch 0
+        carried = [int(p) for a, b in ds.epoch_positions() for p in range(a, min(b, n))]
+    assert len(set(counts)) == 1  # equal work on every rank
+    assert len(carried) < 3  # fewer than the new world size
+    stream_order = stoker.TokenDataset(str(written.path), SEQ_LEN, shard_size=5, window_shards=3)
+    from stoker import plan
+
+    leftover_ids = plan.Stream(n, stream_order.shuffle_config).samples(
+        np.asarray(carried, dtype=np.int64)
+    )
+    assert_exactly_once(seen + leftover_ids.tolist(), n)
+
+
+def test_zero_copy_batches_are_views_valid_until_next(written: Written) -> None:
+    ref = reference(written)
+    loader = stoker.TokenLoader(make(written), 2, zero_copy=True)
+    got = []
+    for batch in loader:
+        got.append(batch["sample_id"].tolist())  # read before asking for the next one
+    assert got == ref
+
+
+def test_corrupt_block_raises_the_typed_error_from_a_worker(tmp_path: Path) -> None:
+    written = write_dataset(tmp_path / "ds", num_docs=60, seed=3, block_tokens=256)
+    path, start, _ = written.record_span(1)
+    data = bytearray((written.path / path).read_bytes())
+    data[start + 4] ^= 0xFF
+    (written.path / path).write_bytes(bytes(data))
+    loader = stoker.TokenLoader(make(written, shuffle=False), 2)
+    with pytest.raises(stoker.ChecksumError) as info:
+        list(loader)
+    assert "block 1" in str(info.value) and "loader worker" in str(info.value)
+
+
+def test_breaking_out_leaves_no_worker_behind(written: Written) -> None:
+    before = {p.pid for p in mp.active_children()}
+    loader = stoker.TokenLoader(make(written), 3)
+    it = iter(loader)
+    next(it)
+    workers = {p.pid for p in mp.active_children()} - before
+    assert len(workers) == 3
+    it.close()
+    assert {p.pid for p in mp.active_children()} - before == set()
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_bad_arguments_are_config_errors(written: Written) -> None:
+    with pytest.raises(stoker.ConfigError, match="num_workers"):
+        stoker.TokenLoader(make(written), -1)
+    with pytest.raises(stoker.ConfigError, match="prefetch"):
+        stoker.TokenLoader(make(written), 1, prefetch=0)
