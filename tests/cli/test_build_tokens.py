@@ -60,31 +60,20 @@ def write_sources(root: Path) -> tuple[list[str], list[str]]:
     return [str(txt), str(jl), str(pqf)], TEXTS
 
 
+def build(sources: list[str], out: Path, tokenizer: Path, *extra: str) -> int:
+    """`stoker build-tokens` on the sources of write_sources()."""
+    args = ["build-tokens", *sources, "--out", str(out), "--tokenizer", str(tokenizer)]
+    args += ["--text-field", "body", "--text-column", "content", "--quiet", *extra]
+    return main(args)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_build_tokens_reads_every_kind_and_appends_eos(
     tmp_path: Path, tokenizer_file: Path, workers: int
 ) -> None:
     sources, texts = write_sources(tmp_path)
     out = tmp_path / "ds"
-    code = main(
-        [
-            "build-tokens",
-            *sources,
-            "--out",
-            str(out),
-            "--tokenizer",
-            str(tokenizer_file),
-            "--text-field",
-            "body",
-            "--text-column",
-            "content",
-            "--workers",
-            str(workers),
-            "--block-tokens",
-            "64",
-            "--quiet",
-        ]
-    )
+    code = build(sources, out, tokenizer_file, "--workers", str(workers), "--block-tokens", "64")
     assert code == 0
     src = stoker.TokenSource(str(out))
     m = src.manifest
@@ -99,26 +88,7 @@ def test_build_tokens_reads_every_kind_and_appends_eos(
 def test_inspect_prints_counts_and_decoded_sample(tmp_path: Path, tokenizer_file: Path) -> None:
     sources, _ = write_sources(tmp_path)
     out = tmp_path / "ds"
-    assert (
-        main(
-            [
-                "build-tokens",
-                *sources,
-                "--out",
-                str(out),
-                "--tokenizer",
-                str(tokenizer_file),
-                "--text-field",
-                "body",
-                "--text-column",
-                "content",
-                "--workers",
-                "1",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    assert build(sources, out, tokenizer_file, "--workers", "1") == 0
     result = subprocess.run(
         [sys.executable, "-m", "stoker.cli", "inspect", str(out), "--sample-tokens", "12"],
         capture_output=True,
