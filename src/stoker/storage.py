@@ -24,8 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import fsspec
-
+from stoker._localfs import LocalFS
 from stoker.errors import StorageError, UnreachableError
 
 T = TypeVar("T")
@@ -125,7 +124,7 @@ class Storage:
         self.max_inflight = max_inflight
         self.stats = StorageStats()
         self._pid: int | None = None
-        self._fs: fsspec.AbstractFileSystem | None = None
+        self._fs: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -149,11 +148,16 @@ class Storage:
             self.stats = StorageStats()
 
     @property
-    def fs(self) -> fsspec.AbstractFileSystem:
+    def fs(self) -> Any:
+        """The filesystem (an fsspec one, or stoker's LocalFS for local paths)."""
         self._check_pid()
         if self._fs is None:
             with self._lock:
+                if self._fs is None and self.protocol == "file" and not self.storage_options:
+                    self._fs = LocalFS()
                 if self._fs is None:
+                    import fsspec
+
                     fs = fsspec.filesystem(
                         self.protocol, skip_instance_cache=True, **self._options()
                     )
