@@ -27,7 +27,9 @@ class BlockArena:
         self.bt = m.block_tokens
         self.slots = max(2, min(slots, m.num_blocks))
         self.tokens = np.zeros(self.slots * self.bt, dtype=m.np_dtype)
-        self.starts = np.zeros(self.slots * self.bt, dtype=bool) if doc_starts else None
+        self.doc_starts = doc_starts
+        # per slot: sorted offsets of the documents that start in its block
+        self._bounds: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * self.slots
         self._slot_of: dict[int, int] = {}  # resident block -> slot
         self._free = list(range(self.slots))
         self._loading: dict[int, Future[int]] = {}
@@ -60,9 +62,7 @@ class BlockArena:
             toks, starts = self.source.block(block)
             base = slot * self.bt
             self.tokens[base : base + len(toks)] = toks
-            if self.starts is not None:
-                self.starts[base : base + self.bt] = False
-                self.starts[base + starts.astype(np.int64)] = True
+            self._bounds[slot] = starts.astype(np.int64)
         except BaseException:
             with self._lock:
                 self._free.append(slot)
@@ -140,22 +140,21 @@ class BlockArena:
         if len(ub) and int((last - first).max()) > 1:  # windows longer than a block
             ub = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
         slot_of = dict(zip(ub.tolist(), self.require(ub).tolist()))
-        tokens, flags = self.tokens, self.starts
+        tokens, bounds = self.tokens, self._bounds
+        if mask is not None:
+            mask[:] = False
         for i, (s, f, e) in enumerate(zip(starts.tolist(), first.tolist(), last.tolist())):
-            if f == e:
-                a = slot_of[f] * bt + s - f * bt
-                out[i] = tokens[a : a + length]
-                if mask is not None and flags is not None:
-                    mask[i] = flags[a : a + length]
-                continue
             pos = 0
             for b in range(f, e + 1):
-                lo = max(s, b * bt)
-                hi = min(s + length, (b + 1) * bt)
-                a = slot_of[b] * bt + lo - b * bt
-                out[i, pos : pos + hi - lo] = tokens[a : a + hi - lo]
-                if mask is not None and flags is not None:
-                    mask[i, pos : pos + hi - lo] = flags[a : a + hi - lo]
+                lo = max(s, b * bt) - b * bt  # offsets inside block b
+                hi = min(s + length, (b + 1) * bt) - b * bt
+                slot = slot_of[b]
+                a = slot * bt
+                out[i, pos : pos + hi - lo] = tokens[a + lo : a + hi]
+                if mask is not None:
+                    docs = bounds[slot]
+                    inside = docs[np.searchsorted(docs, lo) : np.searchsorted(docs, hi)]
+                    mask[i, pos + inside - lo] = True
                 pos += hi - lo
 
     def close(self) -> None:

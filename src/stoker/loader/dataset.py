@@ -304,7 +304,7 @@ class _Reader:
         shape = (len(ids), self.L + 1)
         if out is None:
             out = np.empty(shape, dtype=np.int64)
-        if mask is None and self.arena.starts is not None:
+        if mask is None and self.arena.doc_starts:
             mask = np.empty(shape, dtype=bool)
         self._read(ids, out, mask)
         return out, mask
