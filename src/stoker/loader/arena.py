@@ -153,8 +153,10 @@ class BlockArena:
                 out[i, pos : pos + hi - lo] = tokens[a + lo : a + hi]
                 if mask is not None:
                     docs = bounds[slot]
-                    inside = docs[np.searchsorted(docs, lo) : np.searchsorted(docs, hi)]
-                    mask[i, pos + inside - lo] = True
+                    if len(docs):
+                        a0, a1 = docs.searchsorted((lo, hi)).tolist()
+                        if a1 > a0:
+                            mask[i, pos + docs[a0:a1] - lo] = True
                 pos += hi - lo
 
     def close(self) -> None:

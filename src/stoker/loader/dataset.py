@@ -18,8 +18,9 @@ from stoker.loader import state as st
 from stoker.loader.arena import BlockArena
 from stoker.loader.distributed import Placement, detect
 
-#: Samples planned (and their blocks prefetched) at a time.
-PLAN_CHUNK = 512
+#: Samples planned at a time; the reader looks one to two chunks ahead, far enough
+#: to decode the next shuffle window's blocks before the first of them is needed.
+PLAN_CHUNK = 2048
 
 
 class TokenDataset(IterableDataset):  # type: ignore[type-arg]
