@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from stoker._httpfs import HTTPFS
 from stoker._localfs import LocalFS
 from stoker.errors import StorageError, UnreachableError
 
@@ -153,8 +154,11 @@ class Storage:
         self._check_pid()
         if self._fs is None:
             with self._lock:
-                if self._fs is None and self.protocol == "file" and not self.storage_options:
-                    self._fs = LocalFS()
+                if self._fs is None and not self.storage_options:
+                    if self.protocol == "file":
+                        self._fs = LocalFS()
+                    elif self.protocol in ("http", "https"):
+                        self._fs = HTTPFS(self.retry.connect_timeout, self.retry.read_timeout)
                 if self._fs is None:
                     import fsspec
 
