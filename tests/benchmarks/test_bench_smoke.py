@@ -1,0 +1,33 @@
+"""A seconds-long smoke run of the token loading benchmark (stoker + memmap floor only)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tokens_bench_quick_runs_and_resumes_exactly() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/tokens_bench.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = json.loads((ROOT / "benchmarks/.work/tokens_bench/results-quick.json").read_text())
+    systems = out["systems"]
+    for key in ("memmap_floor", "stoker_dl", "stoker_loader"):
+        row = systems[key]
+        assert row["errors"] == {}, (key, row["errors"])
+        assert row["tps_nw0"] > 0 and row["tps_nw2"] > 0
+        assert row["resume_exact"] is True, key
+    # stoker stores less than the raw uint16 stream
+    assert systems["stoker_loader"]["bytes"] < systems["memmap_floor"]["bytes"]
