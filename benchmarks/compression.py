@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus
+from docsection import replace_section
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -487,14 +487,7 @@ def decide(results: list[Result], extra: list[Result]) -> tuple[Result, str]:
 
 
 def write_doc(section: str) -> None:
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    pat = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pat.search(text):
-        text = pat.sub(lambda _: section.rstrip("\n") + "\n\n", text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOC.write_text(text.rstrip("\n") + "\n")
+    replace_section(DOC, HEADING, section)
 
 
 # ---------------------------------------------------------------------------------------

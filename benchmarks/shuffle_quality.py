@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
+from docsection import replace_section
 
 import stoker
 from stoker.formats.token_writer import DEFAULT_BLOCK_TOKENS
@@ -404,20 +406,7 @@ def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
 
 
 def write_doc(section: str) -> None:
-    """Replace (or append) ``SECTION`` in ``DOC``; the rest of the file is left as it is."""
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next(
-            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
-        )
-        tail = "".join(lines[end:])
-        new = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(new)
+    replace_section(DOC, SECTION, section)
 
 
 # --- main -------------------------------------------------------------------------------

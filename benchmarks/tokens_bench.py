@@ -54,6 +54,7 @@ if not PY_MAIN.exists():  # e.g. CI with stoker installed elsewhere: use this in
 PY_PEERS = ROOT / ".venv-peers" / "bin" / "python"
 
 sys.path.insert(0, str(BENCH))
+from docsection import replace_section  # noqa: E402
 from peers import SYSTEMS  # noqa: E402
 from peers.common import BATCH, SEQ_LEN, WINDOW, Corpus, dir_bytes  # noqa: E402
 
@@ -539,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         section = render(results)
         print(section)
         if not args.no_doc:
-            write_section(DOC, section)
+            replace_section(DOC, SECTION, section)
         return 0
     args.verbose = not args.quiet
     args.resume_repeats = args.resume_repeats or (args.repeats or 3) + 2
@@ -680,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(section)
     if not args.quick and not args.no_doc:
-        write_section(DOC, section)
+        replace_section(DOC, SECTION, section)
         print(f"wrote {DOC.relative_to(ROOT)}", flush=True)
     # stoker and the floor must work (peers may be missing); resumes must be exact
     bad = [
@@ -992,23 +993,6 @@ def render_errors(res: dict[str, Any]) -> list[str]:
     if out:
         out = ["Errors during the run:", "", *out, ""]
     return out
-
-
-def write_section(path: Path, section: str) -> None:
-    """Replace (or append) ``SECTION`` in ``path``; the rest of the file is left as it is."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == SECTION), None)
-    if start is None:
-        new = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next(
-            (i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines)
-        )
-        tail = "".join(lines[end:])
-        new = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
 
 
 if __name__ == "__main__":
