@@ -139,25 +139,46 @@ class BlockArena:
         ub = np.unique(np.concatenate([first, last]))
         if len(ub) and int((last - first).max()) > 1:  # windows longer than a block
             ub = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
-        slot_of = dict(zip(ub.tolist(), self.require(ub).tolist()))
-        tokens, bounds = self.tokens, self._bounds
-        if mask is not None:
-            mask[:] = False
+        slots = self.require(ub)
+        slot_of = dict(zip(ub.tolist(), slots.tolist()))
+        tokens = self.tokens
         for i, (s, f, e) in enumerate(zip(starts.tolist(), first.tolist(), last.tolist())):
             pos = 0
             for b in range(f, e + 1):
                 lo = max(s, b * bt) - b * bt  # offsets inside block b
                 hi = min(s + length, (b + 1) * bt) - b * bt
-                slot = slot_of[b]
-                a = slot * bt
+                a = slot_of[b] * bt
                 out[i, pos : pos + hi - lo] = tokens[a + lo : a + hi]
-                if mask is not None:
-                    docs = bounds[slot]
-                    if len(docs):
-                        a0, a1 = docs.searchsorted((lo, hi)).tolist()
-                        if a1 > a0:
-                            mask[i, pos + docs[a0:a1] - lo] = True
                 pos += hi - lo
+        if mask is not None:
+            self._mask(starts, length, ub, slots, mask)
+
+    def _mask(
+        self,
+        starts: np.ndarray,
+        length: int,
+        blocks: np.ndarray,
+        slots: np.ndarray,
+        mask: np.ndarray,
+    ) -> None:
+        """Document-start flags of every window, with a few vectorised searches."""
+        mask[:] = False
+        # absolute positions of the document starts in the (sorted) blocks the windows use
+        docs = np.concatenate(
+            [self._bounds[slot] + b * self.bt for b, slot in zip(blocks.tolist(), slots.tolist())]
+        )
+        if not len(docs):
+            return
+        lo = docs.searchsorted(starts)
+        hi = docs.searchsorted(starts + length)
+        counts = hi - lo
+        total = int(counts.sum())
+        if not total:
+            return
+        rows = np.repeat(np.arange(len(starts)), counts)
+        # the k-th start of a row is docs[lo[row] + k]
+        k = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        mask[rows, docs[lo[rows] + k] - starts[rows]] = True
 
     def close(self) -> None:
         for fut in list(self._loading.values()):
