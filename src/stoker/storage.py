@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -260,11 +260,6 @@ class Storage:
         data = self._with_retries(where, get)
         self.stats.add(len(data))
         return data
-
-    def read_ranges(self, requests: Iterable[tuple[str, int, int]]) -> list[bytes]:
-        """Several ranges, up to ``max_inflight`` at once."""
-        futures = [self.pool.submit(self.read_range, p, a, b) for p, a, b in requests]
-        return [f.result() for f in futures]
 
     def exists(self, path: str) -> bool:
         full = self.full(path)

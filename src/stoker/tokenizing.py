@@ -111,7 +111,7 @@ def build_tokens(
     start = time.perf_counter()
     workers = workers or max(1, mp.cpu_count())
     batches = _batches(sources, source_options or SourceOptions(), source_storage_options, stats)
-    try:
+    with writer:
         if workers == 1:
             _init_worker(tokenizer_path)
             results: Iterator[list[np.ndarray]] = map(_encode, batches)
@@ -132,9 +132,7 @@ def build_tokens(
             if pool is not None:
                 pool.terminate()
                 pool.join()
-    except BaseException:
-        writer.__exit__(RuntimeError)
-        raise
-    manifest = writer.close()
+    assert writer.manifest is not None
+    manifest = writer.manifest
     stats.seconds = time.perf_counter() - start
     return manifest, stats

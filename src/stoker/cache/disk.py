@@ -110,6 +110,3 @@ class DiskCache:
             path.unlink(missing_ok=True)
             total -= size
             self.evictions += 1
-
-    def size_bytes(self) -> int:
-        return self._scan_size() if self.directory.exists() else 0

@@ -141,6 +141,7 @@ class TokenWriter:
         self.documents_seen = 0  # documents given to add(), numbering errors
         self.compressed_bytes = 0
         self._closed = False
+        self.manifest: Manifest | None = None  # set by close()
 
     # -- input ---------------------------------------------------------------
     def add(self, document: ArrayLike) -> None:
@@ -261,7 +262,8 @@ class TokenWriter:
             self._finish_file()
             if self.num_tokens == 0:
                 raise InputError(f"no tokens to write to {self.storage.url}: every input was empty")
-            return self._commit()
+            self.manifest = self._commit()
+            return self.manifest
         except BaseException:
             self.abort()
             raise
@@ -333,7 +335,9 @@ class TokenWriter:
                 self.storage.remove(path)
 
     def abort(self) -> None:
-        """Remove what this write produced (best effort); never touches a manifest."""
+        """Stop, and remove what this write produced (best effort); never touches a manifest."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
         for fut in self._inflight:
             fut.cancel()
         self._inflight.clear()
@@ -357,8 +361,6 @@ class TokenWriter:
             self.close()
         else:
             self.abort()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._closed = True
 
 
 def write_tokens(
@@ -401,9 +403,7 @@ def write_tokens(
         storage_options=storage_options,
         overwrite=overwrite,
     )
-    try:
+    with writer:
         writer.extend(documents)
-    except BaseException:
-        writer.__exit__(RuntimeError)
-        raise
-    return writer.close()
+    assert writer.manifest is not None
+    return writer.manifest

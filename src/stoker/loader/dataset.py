@@ -165,6 +165,16 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
             )
             yield stream.samples(split.rank_positions(rank, local))
 
+    def _batches(
+        self, reader: _Reader, progress: st.Progress, rank: int, worker: int, num_workers: int
+    ) -> Iterator[np.ndarray]:
+        """One worker's sample ids a batch at a time, planned on ``reader`` ahead of use."""
+        B = self.batch_size
+        chunk = B * max(1, PLAN_CHUNK // B)
+        for ids in reader.lookahead(self._id_chunks(progress, rank, worker, num_workers, 0, chunk)):
+            for lo in range(0, len(ids), B):
+                yield ids[lo : lo + B]
+
     def _reader(self) -> _Reader:
         return _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts)
 
@@ -275,7 +285,6 @@ class _Reader:
         self.source = source
         self.L = seq_len
         self.arena = BlockArena(source, slots, doc_starts)
-        self.offsets = np.arange(seq_len + 1, dtype=np.int64)
         self.bt = source.manifest.block_tokens
         self._seq = np.zeros(0, dtype=np.int64)
         self._pos = self._scheduled = 0
@@ -322,9 +331,7 @@ class _Reader:
     def _read(self, ids: np.ndarray, out: np.ndarray, mask: np.ndarray | None) -> None:
         starts = ids * self.L
         span = -(-(self.L + 1) // self.bt) + 1  # blocks one window can touch
-        if (
-            len(ids) * span > self.arena.slots - 1 and len(ids) > 1
-        ):  # too many for the arena at once
+        if len(ids) * span > self.arena.slots - 1 and len(ids) > 1:  # too many blocks at once
             half = len(ids) // 2
             self._read(ids[:half], out[:half], None if mask is None else mask[:half])
             self._read(ids[half:], out[half:], None if mask is None else mask[half:])

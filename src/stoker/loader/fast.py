@@ -31,7 +31,7 @@ import torch
 from stoker import errors
 from stoker.errors import ConfigError, StokerError
 from stoker.loader import state as st
-from stoker.loader.dataset import PLAN_CHUNK, TokenDataset
+from stoker.loader.dataset import TokenDataset
 
 
 class WorkerError(StokerError, RuntimeError):
@@ -67,18 +67,14 @@ def _worker_main(
     conn: Connection,
 ) -> None:
     torch.set_num_threads(1)
-    B = ds.batch_size
-    chunk = B * max(1, PLAN_CHUNK // B)
     reader = ds._reader()
     try:
-        for ids in reader.lookahead(ds._id_chunks(progress, rank, worker, num_workers, 0, chunk)):
-            for lo in range(0, len(ids), B):
-                slot = conn.recv()
-                if slot is None:
-                    return
-                batch = ids[lo : lo + B]
-                _fill(reader, batch, slots, slot)
-                conn.send((slot, len(batch)))
+        for batch in ds._batches(reader, progress, rank, worker, num_workers):
+            slot = conn.recv()
+            if slot is None:
+                return
+            _fill(reader, batch, slots, slot)
+            conn.send((slot, len(batch)))
         conn.send(None)
     except BaseException as exc:
         kind = type(exc).__name__ if isinstance(exc, StokerError) else ""
@@ -164,20 +160,16 @@ class TokenLoader:
 
     def _in_process(self, progress: st.Progress, rank: int) -> Iterator[dict[str, torch.Tensor]]:
         ds = self.dataset
-        B = ds.batch_size
-        chunk = B * max(1, PLAN_CHUNK // B)
         reader = ds._reader()
         try:
-            for ids in reader.lookahead(ds._id_chunks(progress, rank, 0, 1, 0, chunk)):
-                for lo in range(0, len(ids), B):
-                    batch = ids[lo : lo + B]
-                    toks, mask = reader.read(batch)
-                    progress.consumed += len(batch)  # handed to the caller = consumed
-                    yield self._batch(
-                        torch.from_numpy(toks),
-                        torch.from_numpy(batch.copy()),
-                        None if mask is None else torch.from_numpy(mask),
-                    )
+            for batch in ds._batches(reader, progress, rank, 0, 1):
+                toks, mask = reader.read(batch)
+                progress.consumed += len(batch)  # handed to the caller = consumed
+                yield self._batch(
+                    torch.from_numpy(toks),
+                    torch.from_numpy(batch.copy()),
+                    None if mask is None else torch.from_numpy(mask),
+                )
         finally:
             reader.close()
 
