@@ -17,7 +17,22 @@ import numpy as np
 
 from stoker.formats.tokens import TokenSource
 
-_NEVER = 1 << 62
+NEVER = np.iinfo(np.int64).max
+
+
+def first_uses(blocks: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ``blocks`` in order of first appearance, and the index of each first appearance.
+
+    What ``np.unique(return_index=True)`` sorted by index gives, without a sort:
+    a minimum per block into ``table`` (all ``NEVER``, longer than the largest
+    block number), which is left as it was found.
+    """
+    pos = np.arange(len(blocks))
+    np.minimum.at(table, blocks, pos)
+    is_first = table[blocks] == pos
+    order = blocks[is_first]
+    table[order] = NEVER
+    return order, pos[is_first]
 
 
 class BlockArena:
@@ -28,9 +43,10 @@ class BlockArena:
         self.slots = max(2, min(slots, m.num_blocks))
         self.tokens = np.zeros(self.slots * self.bt, dtype=m.np_dtype)
         self.doc_starts = doc_starts
-        # per slot: sorted offsets of the documents that start in its block
-        self._bounds: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * self.slots
-        self._slot_of: dict[int, int] = {}  # resident block -> slot
+        # True where a document starts, beside the tokens: a window's mask is a slice
+        self.flags = np.zeros(self.slots * self.bt if doc_starts else 0, dtype=bool)
+        # resident block -> slot
+        self._slot_of: dict[int, int] = {}
         self._free = list(range(self.slots))
         self._loading: dict[int, Future[int]] = {}
         self._next_use: dict[int, int] = {}
@@ -49,7 +65,7 @@ class BlockArena:
             for block in self._slot_of:
                 if block in keep:
                     continue
-                use = self._next_use.get(block, _NEVER)
+                use = self._next_use.get(block, NEVER)
                 if use > furthest:
                     victim, furthest = block, use
             if victim is None or furthest <= before:
@@ -62,7 +78,10 @@ class BlockArena:
             toks, starts = self.source.block(block)
             base = slot * self.bt
             self.tokens[base : base + len(toks)] = toks
-            self._bounds[slot] = starts.astype(np.int64)
+            if self.doc_starts:
+                flags = self.flags[base : base + self.bt]
+                flags[:] = False
+                flags[starts] = True
         except BaseException:
             with self._lock:
                 self._free.append(slot)
@@ -74,10 +93,18 @@ class BlockArena:
         return slot
 
     def schedule(self, order: np.ndarray, next_use: np.ndarray, ahead: int) -> None:
-        """Blocks in order of next use; prefetch up to ``ahead`` of them."""
+        """Blocks in order of next use: prefetch up to ``ahead`` that are not resident.
+
+        Prefetching stops at the first block for which no slot can be freed
+        without evicting a block needed sooner (Belady's rule), so it never
+        thrashes the arena.
+        """
         self._next_use = dict(zip(order.tolist(), next_use.tolist()))
         pool = self.source.storage.pool
-        for b, use in zip(order[:ahead].tolist(), next_use[:ahead].tolist()):
+        started = 0
+        for b, use in zip(order.tolist(), next_use.tolist()):
+            if started >= ahead:
+                return
             with self._lock:
                 if b in self._slot_of or b in self._loading:
                     continue
@@ -86,6 +113,7 @@ class BlockArena:
                 return
             with self._lock:
                 self._loading[b] = pool.submit(self._load, b, slot)
+            started += 1
 
     def require(self, blocks: np.ndarray) -> np.ndarray:
         """Slots of ``blocks`` (unique), loading what is missing."""
@@ -132,53 +160,42 @@ class BlockArena:
         """Copy tokens ``[s, s + length)`` for each ``s`` in ``starts`` into rows of ``out``.
 
         ``out`` may be wider than the stored dtype (int64); the copy widens.
+        ``mask`` (bool, like ``out``) receives the document-start flags.
         """
         bt = self.bt
+        slot_of = self._slot_of
+        tokens, flags = self.tokens, self.flags
+        bases = []
+        for s in starts.tolist():  # plain Python: cheaper than numpy for a batch of rows
+            block, offset = divmod(s, bt)
+            slot = slot_of.get(block)
+            if slot is None or offset + length > bt:
+                break
+            bases.append(slot * bt + offset)
+        else:
+            # the common case: every window inside one resident block
+            self.hits += len(bases)
+            for i, a in enumerate(bases):
+                out[i] = tokens[a : a + length]
+                if mask is not None:
+                    mask[i] = flags[a : a + length]
+            return
         first = starts // bt
         last = (starts + length - 1) // bt
         ub = np.unique(np.concatenate([first, last]))
-        if len(ub) and int((last - first).max()) > 1:  # windows longer than a block
+        if int((last - first).max()) > 1:  # windows longer than a block
             ub = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
-        slots = self.require(ub)
-        slot_of = dict(zip(ub.tolist(), slots.tolist()))
-        tokens = self.tokens
+        slot_of = dict(zip(ub.tolist(), self.require(ub).tolist()))
         for i, (s, f, e) in enumerate(zip(starts.tolist(), first.tolist(), last.tolist())):
             pos = 0
             for b in range(f, e + 1):
                 lo = max(s, b * bt) - b * bt  # offsets inside block b
                 hi = min(s + length, (b + 1) * bt) - b * bt
                 a = slot_of[b] * bt
-                out[i, pos : pos + hi - lo] = tokens[a + lo : a + hi]
+                out[i, pos : pos + hi - lo] = self.tokens[a + lo : a + hi]
+                if mask is not None:
+                    mask[i, pos : pos + hi - lo] = self.flags[a + lo : a + hi]
                 pos += hi - lo
-        if mask is not None:
-            self._mask(starts, length, ub, slots, mask)
-
-    def _mask(
-        self,
-        starts: np.ndarray,
-        length: int,
-        blocks: np.ndarray,
-        slots: np.ndarray,
-        mask: np.ndarray,
-    ) -> None:
-        """Document-start flags of every window, with a few vectorised searches."""
-        mask[:] = False
-        # absolute positions of the document starts in the (sorted) blocks the windows use
-        docs = np.concatenate(
-            [self._bounds[slot] + b * self.bt for b, slot in zip(blocks.tolist(), slots.tolist())]
-        )
-        if not len(docs):
-            return
-        lo = docs.searchsorted(starts)
-        hi = docs.searchsorted(starts + length)
-        counts = hi - lo
-        total = int(counts.sum())
-        if not total:
-            return
-        rows = np.repeat(np.arange(len(starts)), counts)
-        # the k-th start of a row is docs[lo[row] + k]
-        k = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        mask[rows, docs[lo[rows] + k] - starts[rows]] = True
 
     def close(self) -> None:
         for fut in list(self._loading.values()):

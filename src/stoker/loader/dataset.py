@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from stoker.cache import BlockCache, DiskCache
 from stoker.errors import ConfigError, StateError
 from stoker.formats.tokens import TokenSource
 from stoker.loader import state as st
-from stoker.loader.arena import BlockArena
+from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.distributed import Placement, detect
 
 #: Samples planned at a time; the reader looks one to two chunks ahead, far enough
@@ -176,7 +177,10 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
                 yield ids[lo : lo + B]
 
     def _reader(self) -> _Reader:
-        return _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts)
+        c = self.shuffle_config
+        assert c.shard_size is not None
+        horizon = min(max(PLAN_CHUNK, c.shard_size * c.window_shards), 1 << 16)
+        return _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts, horizon)
 
     def _finish_epoch(self, progress: st.Progress) -> None:
         if self._worker is not None:
@@ -279,36 +283,61 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
 
 
 class _Reader:
-    """Turns sample ids into token windows through the decoded-block arena."""
+    """Turns sample ids into token windows through the decoded-block arena.
 
-    def __init__(self, source: TokenSource, seq_len: int, slots: int, doc_starts: bool) -> None:
+    The reader sees the plan ``horizon`` samples ahead (a whole shuffle window
+    beyond the current chunk), so the blocks of the next window are decoded
+    while the current one is read, and it re-plans the arena's prefetch and
+    eviction every ``_RESCHEDULE`` samples.
+    """
+
+    _RESCHEDULE = 512
+
+    def __init__(
+        self, source: TokenSource, seq_len: int, slots: int, doc_starts: bool, horizon: int
+    ) -> None:
         self.source = source
         self.L = seq_len
         self.arena = BlockArena(source, slots, doc_starts)
         self.bt = source.manifest.block_tokens
+        self.horizon = horizon
+        self._table = np.full(source.manifest.num_blocks, NEVER, dtype=np.int64)
         self._seq = np.zeros(0, dtype=np.int64)
-        self._pos = self._scheduled = 0
+        self._pos = 0
+        self._scheduled = -1
 
     def plan(self, current: np.ndarray, upcoming: np.ndarray) -> None:
         """The samples that come next, in order."""
         self._seq = np.concatenate([current, upcoming])
         self._pos = 0
-        self._scheduled = 0
+        self._scheduled = -1
 
     def lookahead(self, chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
-        """Pass chunks of ids through, planning each with the one after it."""
-        cur = next(chunks, None)
-        while cur is not None:
-            nxt = next(chunks, None)
-            self.plan(cur, nxt if nxt is not None else np.zeros(0, dtype=np.int64))
+        """Pass chunks of ids through, planning each with the ``horizon`` samples after it."""
+        ahead: deque[np.ndarray] = deque()
+        queued = 0
+        exhausted = False
+        while True:
+            while not exhausted and (len(ahead) < 2 or queued - len(ahead[0]) < self.horizon):
+                nxt = next(chunks, None)
+                if nxt is None:
+                    exhausted = True
+                else:
+                    ahead.append(nxt)
+                    queued += len(nxt)
+            if not ahead:
+                return
+            cur = ahead.popleft()
+            queued -= len(cur)
+            rest = list(ahead)
+            self.plan(cur, np.concatenate(rest) if rest else np.zeros(0, dtype=np.int64))
             yield cur
-            cur = nxt
 
     def read(
         self, ids: np.ndarray, out: np.ndarray | None = None, mask: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Windows of the next ``len(ids)`` planned samples, as int64 (into ``out`` if given)."""
-        if self._pos >= self._scheduled + 64 or self._pos == 0:
+        if self._scheduled < 0 or self._pos >= self._scheduled + self._RESCHEDULE:
             self._schedule()
         self._pos += len(ids)
         shape = (len(ids), self.L + 1)
@@ -324,9 +353,8 @@ class _Reader:
         self._scheduled = self._pos
         future = self._seq[self._pos :] * self.L
         seq_blocks = np.stack([future // self.bt, (future + self.L) // self.bt], axis=1).reshape(-1)
-        order, first = np.unique(seq_blocks, return_index=True)
-        by_use = np.argsort(first, kind="stable")
-        self.arena.schedule(order[by_use], first[by_use], ahead=self.arena.slots // 2)
+        order, first = first_uses(seq_blocks, self._table)
+        self.arena.schedule(order, first // 2, ahead=self.arena.slots)
 
     def _read(self, ids: np.ndarray, out: np.ndarray, mask: np.ndarray | None) -> None:
         starts = ids * self.L
