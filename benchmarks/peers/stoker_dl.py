@@ -10,6 +10,7 @@ num_workers=nw)``; the benchmark takes ``batch["tokens"]``. Resume: the dataset'
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,11 @@ def prepare(corpus: Corpus, out: Path) -> dict[str, Any]:
 
 def dataset(ctx: Ctx) -> stoker.TokenDataset:
     url = ctx.remote if ctx.remote is not None else ctx.data
+    # the per-process disk cache: a node agent would be a second process to start and
+    # measure; benchmarks/agent_remote.py measures the agent
+    kw = {"agent": False} if "agent" in inspect.signature(stoker.TokenDataset).parameters else {}
     return stoker.TokenDataset(
-        url, seq_len=SEQ_LEN, batch_size=BATCH, seed=ctx.seed, cache_dir=ctx.cache
+        url, seq_len=SEQ_LEN, batch_size=BATCH, seed=ctx.seed, cache_dir=ctx.cache, **kw
     )
 
 

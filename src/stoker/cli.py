@@ -186,6 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--num-workers", type=int, default=0)
     d.add_argument("--workdir", help="keep the dataset here (default: a temporary directory)")
     d.set_defaults(func=cmd_demo)
+
+    from stoker.cache import agent
+
+    a = sub.add_parser(
+        "agent",
+        help="run the node agent (the per-machine cache) in the foreground",
+        description="Run the node agent that owns --cache-dir. Readers start one "
+        "automatically when none runs; run it by hand to choose its limits or to keep it up.",
+    )
+    agent.add_arguments(a)
+    a.set_defaults(func=agent.run)
     return p
 
 

@@ -62,3 +62,11 @@ class InputError(StokerError, ValueError):
 
 class ConfigError(StokerError, ValueError):
     """Bad arguments."""
+
+
+class AgentError(StokerError, RuntimeError):
+    """The node agent could not start, or refused a request."""
+
+
+class AgentRunningError(AgentError):
+    """Another agent already owns this cache directory."""

@@ -202,7 +202,7 @@ def test_disk_cache_second_epoch_makes_no_requests(
 ) -> None:
     origin, url = serve_dir(small_dataset.path)
     cache_dir = tmp_path / "cache"
-    ds = make_ds(url, 4, cache_dir=cache_dir, cache_limit=1 << 30)
+    ds = make_ds(url, 4, cache_dir=cache_dir, cache_limit=1 << 30, agent=False)
     origin.clear_access_log()
 
     ds.set_epoch(0)
@@ -235,7 +235,7 @@ def test_disk_cache_smaller_than_dataset_stays_under_limit(
 
     origin, url = serve_dir(small_dataset.path)
     cache_dir = tmp_path / "cache"
-    ds = make_ds(url, 4, cache_dir=cache_dir, cache_limit=limit)
+    ds = make_ds(url, 4, cache_dir=cache_dir, cache_limit=limit, agent=False)
     for epoch in range(2):
         ds.set_epoch(epoch)
         ids = check_batches(small_dataset, run_epoch(ds, 4, num_workers), 4)

@@ -1,21 +1,29 @@
-"""The decoded-block arena: fixed slots of decoded tokens, filled ahead of use.
+"""The decoded-block arena: the blocks a reader holds, filled ahead of use.
 
-Blocks are decoded into slots of one contiguous array, so a whole batch is
-gathered with one fancy-index (no per-sample Python work), and slots are
-reused without allocating. The reader tells the arena the order in which
-blocks will be needed next (the plan is known in advance): the first of them
-are fetched on a thread pool ahead of time, and a slot is freed by evicting
-the resident block whose next use is furthest away (Belady's rule).
+A held block is a pair of arrays, its tokens and its document-start flags.
+Without a node agent they are slices of the arena's own slots (one
+contiguous array, reused without allocating) and the arena decodes into them;
+with an agent they are read-only views of the agent's shared-memory file,
+pinned while held. Either way the arena holds at most ``slots`` blocks, and
+the reader tells it the order in which blocks will be needed next (the plan
+is known in advance): the first of them are loaded on a thread pool ahead of
+time, and room is made by letting go of the held block whose next use is
+furthest away (Belady's rule). A window inside one block is copied out with
+one slice.
 """
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stoker.formats.tokens import TokenSource
+
+if TYPE_CHECKING:
+    from stoker.cache.client import AgentClient
 
 NEVER = np.iinfo(np.int64).max
 
@@ -36,7 +44,13 @@ def first_uses(blocks: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 class BlockArena:
-    def __init__(self, source: TokenSource, slots: int, doc_starts: bool = True) -> None:
+    def __init__(
+        self,
+        source: TokenSource,
+        slots: int,
+        doc_starts: bool = True,
+        agent: AgentClient | None = None,
+    ) -> None:
         m = source.manifest
         self.source = source
         self.bt = m.block_tokens
@@ -45,8 +59,14 @@ class BlockArena:
         self.doc_starts = doc_starts
         # True where a document starts, beside the tokens: a window's mask is a slice
         self.flags = np.zeros(self.slots * self.bt if doc_starts else 0, dtype=bool)
-        # resident block -> slot
+        # resident block -> slot, and -> (tokens, flags) arrays
         self._slot_of: dict[int, int] = {}
+        self._views: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.agent = agent
+        self.dataset_id = m.dataset_id
+        self._pinned: set[int] = set()  # held blocks pinned on the agent
+        if agent is not None:
+            agent.open(source.url, source.storage.storage_options, m.dataset_id)
         self._free = list(range(self.slots))
         self._loading: dict[int, Future[int]] = {}
         self._next_use: dict[int, int] = {}
@@ -71,17 +91,43 @@ class BlockArena:
             if victim is None or furthest <= before:
                 return None
             self.evictions += 1
-            return self._slot_of.pop(victim)
+            self._views.pop(victim, None)
+            slot = self._slot_of.pop(victim)
+            pinned = victim in self._pinned
+            self._pinned.discard(victim)
+        if pinned and self.agent is not None:
+            self.agent.release(self.dataset_id, [victim])
+        return slot
 
     def _load(self, block: int, slot: int) -> int:
+        pinned = False
         try:
-            toks, starts = self.source.block(block)
-            base = slot * self.bt
-            self.tokens[base : base + len(toks)] = toks
-            if self.doc_starts:
-                flags = self.flags[base : base + self.bt]
-                flags[:] = False
-                flags[starts] = True
+            record = None
+            if self.agent is not None:
+                got = self.agent.get(self.dataset_id, block)
+                if got.pinned:
+                    from stoker.cache.client import map_block
+
+                    view = map_block(got.path, int(got.tokens), self.tokens.dtype)
+                    pinned = True
+                else:
+                    record = got.record  # the agent had no room in shared memory
+            if not pinned:
+                if record is not None:
+                    entry = self.source.index[block]
+                    toks, starts = self.source.codec.decode(
+                        record, int(entry["token_bytes"]), self.source.manifest.block_len(block)
+                    )
+                else:
+                    toks, starts = self.source.block(block)
+                base = slot * self.bt
+                n = len(toks)
+                self.tokens[base : base + n] = toks
+                flags = self.flags[base : base + n] if self.doc_starts else self.flags
+                if self.doc_starts:
+                    flags[:] = False
+                    flags[starts] = True
+                view = (self.tokens[base : base + n], flags)
         except BaseException:
             with self._lock:
                 self._free.append(slot)
@@ -89,6 +135,9 @@ class BlockArena:
             raise
         with self._lock:
             self._slot_of[block] = slot
+            self._views[block] = view
+            if pinned:
+                self._pinned.add(block)
             self._loading.pop(block, None)
         return slot
 
@@ -100,6 +149,8 @@ class BlockArena:
         thrashes the arena.
         """
         self._next_use = dict(zip(order.tolist(), next_use.tolist()))
+        if self.agent is not None:
+            self.agent.plan(self.dataset_id, order[: 4 * self.slots].tolist())
         pool = self.source.storage.pool
         started = 0
         for b, use in zip(order.tolist(), next_use.tolist()):
@@ -163,20 +214,19 @@ class BlockArena:
         ``mask`` (bool, like ``out``) receives the document-start flags.
         """
         bt = self.bt
-        slot_of = self._slot_of
-        tokens, flags = self.tokens, self.flags
-        bases = []
+        views = self._views
+        held = []
         for s in starts.tolist():  # plain Python: cheaper than numpy for a batch of rows
             block, offset = divmod(s, bt)
-            slot = slot_of.get(block)
-            if slot is None or offset + length > bt:
+            view = views.get(block)
+            if view is None or offset + length > bt:
                 break
-            bases.append(slot * bt + offset)
+            held.append((view, offset))
         else:
-            # the common case: every window inside one resident block
-            self.hits += len(bases)
-            for i, a in enumerate(bases):
-                out[i] = tokens[a : a + length]
+            # the common case: every window inside one held block
+            self.hits += len(held)
+            for i, ((toks, flags), a) in enumerate(held):
+                out[i] = toks[a : a + length]
                 if mask is not None:
                     mask[i] = flags[a : a + length]
             return
@@ -185,16 +235,16 @@ class BlockArena:
         ub = np.unique(np.concatenate([first, last]))
         if int((last - first).max()) > 1:  # windows longer than a block
             ub = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
-        slot_of = dict(zip(ub.tolist(), self.require(ub).tolist()))
+        self.require(ub)
         for i, (s, f, e) in enumerate(zip(starts.tolist(), first.tolist(), last.tolist())):
             pos = 0
             for b in range(f, e + 1):
                 lo = max(s, b * bt) - b * bt  # offsets inside block b
                 hi = min(s + length, (b + 1) * bt) - b * bt
-                a = slot_of[b] * bt
-                out[i, pos : pos + hi - lo] = self.tokens[a + lo : a + hi]
+                toks, flags = views[b]
+                out[i, pos : pos + hi - lo] = toks[lo:hi]
                 if mask is not None:
-                    mask[i, pos : pos + hi - lo] = self.flags[a + lo : a + hi]
+                    mask[i, pos : pos + hi - lo] = flags[lo:hi]
                 pos += hi - lo
 
     def close(self) -> None:
@@ -207,3 +257,13 @@ class BlockArena:
                 except BaseException:
                     pass
         self._loading.clear()
+        with self._lock:
+            pinned = sorted(self._pinned)
+            self._pinned.clear()
+            self._views.clear()
+            self._slot_of.clear()
+        if pinned and self.agent is not None:
+            try:
+                self.agent.release(self.dataset_id, pinned)
+            except Exception:
+                pass  # the agent is gone: its pins went with it

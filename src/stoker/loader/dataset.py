@@ -13,6 +13,7 @@ from torch.utils.data import IterableDataset
 
 from stoker import intervals, plan
 from stoker.cache import BlockCache, DiskCache
+from stoker.cache.client import AgentClient
 from stoker.errors import ConfigError, StateError
 from stoker.formats.tokens import TokenSource
 from stoker.loader import state as st
@@ -36,6 +37,14 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
     ``num_workers``. Call :meth:`set_epoch` before each epoch when iterating
     through DataLoader worker processes (in-process iteration advances by
     itself).
+
+    Caching: with ``cache_dir`` (or an ``agent``) blocks are read through the
+    node agent that owns that directory, started on first use if none runs:
+    one download and one decode per machine, shared by every local process
+    (``shm_limit`` bounds its shared-memory tier, ``cache_limit`` its disk
+    tier; both apply only when this dataset starts the agent). ``agent=False``
+    keeps the per-process disk cache instead; without ``cache_dir`` each
+    process reads and decodes for itself.
     """
 
     def __init__(
@@ -53,6 +62,8 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         cache: BlockCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int = 64 << 30,
+        shm_limit: int = 4 << 30,
+        agent: AgentClient | bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         doc_starts: bool = True,
@@ -63,8 +74,13 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
             raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        if cache is None and cache_dir is not None:
+        if agent is None:
+            agent = cache_dir is not None and cache is None
+        if agent is True:
+            agent = AgentClient(cache_dir, cache_limit, shm_limit)
+        elif cache is None and cache_dir is not None:
             cache = DiskCache(cache_dir, cache_limit)
+        self.agent: AgentClient | None = agent or None
         self.source = TokenSource(url, storage_options, cache)
         m = self.source.manifest
         if m.num_tokens < seq_len + 1:
@@ -180,7 +196,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         c = self.shuffle_config
         assert c.shard_size is not None
         horizon = min(max(PLAN_CHUNK, c.shard_size * c.window_shards), 1 << 16)
-        return _Reader(self.source, self.seq_len, self._arena_slots(), self.doc_starts, horizon)
+        return _Reader(
+            self.source, self.seq_len, self._arena_slots(), self.doc_starts, horizon, self.agent
+        )
 
     def _finish_epoch(self, progress: st.Progress) -> None:
         if self._worker is not None:
@@ -294,11 +312,17 @@ class _Reader:
     _RESCHEDULE = 512
 
     def __init__(
-        self, source: TokenSource, seq_len: int, slots: int, doc_starts: bool, horizon: int
+        self,
+        source: TokenSource,
+        seq_len: int,
+        slots: int,
+        doc_starts: bool,
+        horizon: int,
+        agent: AgentClient | None = None,
     ) -> None:
         self.source = source
         self.L = seq_len
-        self.arena = BlockArena(source, slots, doc_starts)
+        self.arena = BlockArena(source, slots, doc_starts, agent)
         self.bt = source.manifest.block_tokens
         self.horizon = horizon
         self._table = np.full(source.manifest.num_blocks, NEVER, dtype=np.int64)

@@ -1,0 +1,1 @@
+"""Protobuf modules generated from proto/ by scripts/gen-proto (never edited by hand)."""

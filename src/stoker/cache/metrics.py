@@ -1,0 +1,136 @@
+"""The node agent's counters, and their Prometheus view."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def decoded_size(tokens: int, itemsize: int) -> int:
+    """Bytes of a decoded block file: tokens padded to 8 bytes, then one flag byte per token."""
+    return -(-tokens * itemsize // 8) * 8 + tokens
+
+
+class Counters:
+    """The agent's counters and the remote-latency histogram (thread-safe)."""
+
+    NAMES = (
+        "memory_hits",
+        "memory_misses",
+        "disk_hits",
+        "disk_misses",
+        "remote_requests",
+        "remote_bytes",
+        "remote_errors",
+        "memory_evictions",
+        "disk_evictions",
+        "decodes",
+        "prefetches",
+        "inline_fallbacks",
+        "checksum_refetches",
+        "pins_released_on_disconnect",
+        "connections",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values = dict.fromkeys(self.NAMES, 0)
+        self.latency = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.values[name] += n
+
+    def observe(self, seconds: float) -> None:
+        i = 0
+        while i < len(LATENCY_BUCKETS) and seconds > LATENCY_BUCKETS[i]:
+            i += 1
+        with self._lock:
+            self.latency[i] += 1
+            self.latency_sum += seconds
+
+
+class AgentCollector:
+    """Prometheus view of an agent's stats (a callable returning :meth:`Agent.stats`)."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        s = self.stats()
+        for tier in ("memory", "disk"):
+            c = CounterMetricFamily(
+                f"stoker_agent_{tier}_requests",
+                f"Block requests to the {tier} tier",
+                labels=["result"],
+            )
+            c.add_metric(["hit"], s[f"{tier}_hits"])
+            c.add_metric(["miss"], s[f"{tier}_misses"])
+            yield c
+            yield CounterMetricFamily(
+                f"stoker_agent_{tier}_evictions",
+                f"Blocks evicted from the {tier} tier",
+                value=s[f"{tier}_evictions"],
+            )
+            yield GaugeMetricFamily(
+                f"stoker_agent_{tier}_bytes",
+                f"Bytes held in the {tier} tier",
+                value=s[f"{tier}_bytes"],
+            )
+            yield GaugeMetricFamily(
+                f"stoker_agent_{tier}_limit_bytes",
+                f"Capacity of the {tier} tier",
+                value=s[f"{tier}_limit"],
+            )
+        yield CounterMetricFamily(
+            "stoker_agent_remote_read_bytes",
+            "Bytes read from remote storage",
+            value=s["remote_bytes"],
+        )
+        yield CounterMetricFamily(
+            "stoker_agent_remote_requests",
+            "Range requests to remote storage",
+            value=s["remote_requests"],
+        )
+        yield CounterMetricFamily(
+            "stoker_agent_remote_errors",
+            "Failed range requests (after retries)",
+            value=s["remote_errors"],
+        )
+        buckets, acc = [], 0
+        for bound, count in zip(
+            [*s["remote_latency_buckets"], float("inf")], s["remote_latency_counts"]
+        ):
+            acc += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        yield HistogramMetricFamily(
+            "stoker_agent_remote_latency_seconds",
+            "Latency of range requests to remote storage",
+            buckets=buckets,
+            sum_value=s["remote_latency_sum"],
+        )
+        yield CounterMetricFamily("stoker_agent_decodes", "Blocks decoded", value=s["decodes"])
+        yield CounterMetricFamily(
+            "stoker_agent_inline_fallbacks",
+            "Blocks served inline because the memory tier had no room",
+            value=s["inline_fallbacks"],
+        )
+        yield GaugeMetricFamily(
+            "stoker_agent_pinned_bytes", "Bytes pinned by readers", value=s["pinned_bytes"]
+        )
+        yield GaugeMetricFamily(
+            "stoker_agent_prefetch_lead_blocks",
+            "Blocks resident ahead of the slowest reader",
+            value=s["prefetch_lead"],
+        )
+        yield GaugeMetricFamily("stoker_agent_clients", "Connected readers", value=s["clients"])

@@ -1,0 +1,57 @@
+"""Where a node agent keeps its files, derived from the cache directory alone.
+
+Everything an agent owns hangs off its cache directory, so two agents never
+share a file unless they share the directory (and then the lock file lets only
+one run):
+
+``<cache_dir>/.stoker-cache``      marker: this directory belongs to a stoker agent
+``<cache_dir>/agent.lock``          held (flock) by the running agent; the kernel drops
+                                    it when the agent dies, so a crash leaves no stale lock
+``<cache_dir>/agent.sock``          the Unix socket readers connect to
+``<cache_dir>/agent.log``           the log of an agent started automatically
+``<cache_dir>/blocks/<id>/<n>.rec`` disk tier: verified compressed block records
+``/dev/shm/stoker-<uid>-<hash>/``   memory tier: decoded blocks, one file each
+
+The default cache directory is per user (``$STOKER_CACHE_DIR``, else
+``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``), and the memory tier's
+name carries the uid and a hash of the cache directory, so the caches of
+different users on one machine never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+MARKER = ".stoker-cache"
+SHM_ROOT = Path("/dev/shm")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("STOKER_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "stoker"
+
+
+class AgentPaths:
+    """The files of the agent that owns ``cache_dir``."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str], shm_root: Path | None = None) -> None:
+        self.cache_dir = Path(cache_dir).resolve()
+        self.marker = self.cache_dir / MARKER
+        self.lock = self.cache_dir / "agent.lock"
+        self.socket = self.cache_dir / "agent.sock"
+        self.log = self.cache_dir / "agent.log"
+        self.blocks = self.cache_dir / "blocks"
+        digest = hashlib.sha256(str(self.cache_dir).encode()).hexdigest()[:12]
+        self.shm = (shm_root or SHM_ROOT) / f"stoker-{os.getuid()}-{digest}"
+
+    def record(self, dataset_id: str, block: int) -> Path:
+        return self.blocks / dataset_id / f"{block}.rec"
+
+    def decoded(self, dataset_id: str, block: int) -> Path:
+        return self.shm / f"{dataset_id}-{block}.tok"
