@@ -31,3 +31,23 @@ def test_tokens_bench_quick_runs_and_resumes_exactly() -> None:
         assert row["resume_exact"] is True, key
     # stoker stores less than the raw uint16 stream
     assert systems["stoker_loader"]["bytes"] < systems["memmap_floor"]["bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_agent_remote_quick_fetches_each_block_once() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/agent_remote.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = json.loads((ROOT / "benchmarks/.work/agent_remote/results-quick.json").read_text())
+    for run in out["runs"]:
+        ratio = run["remote_bytes"] / out["stored"]
+        if run["agent"]:
+            assert ratio == 1.0, run
+        assert run["samples"] > 0
+    two = next(r for r in out["runs"] if r["procs"] == 2 and not r["agent"])
+    assert two["remote_bytes"] > out["stored"]  # without the agent both ranks fetch

@@ -18,7 +18,7 @@ import pytest
 
 import stoker
 from stoker.cache.agent import remove_tree
-from stoker.cache.client import AgentClient
+from stoker.cache.client import AgentClient, map_block
 from stoker.cache.paths import AgentPaths
 
 from .helpers import Written, assert_exactly_once, check_samples, unbatch, write_dataset
@@ -180,6 +180,17 @@ def test_tokens_through_the_agent_are_exact(
         samples = unbatch(stoker.TokenLoader(ds, num_workers))
         assert_exactly_once(check_samples(dataset, SEQ_LEN, samples), ds.num_samples)
     assert client.stats()["memory_evictions"] == 0  # small arena: the agent still holds them all
+    # two connections get the same shared-memory file, mapped read-only
+    other = AgentClient(cache, autostart=False)
+    other.open(url, None, ds.manifest.dataset_id)
+    a, b = client.get(ds.manifest.dataset_id, 2), other.get(ds.manifest.dataset_id, 2)
+    assert a.path == b.path and a.pinned and b.pinned
+    toks, flags = map_block(a.path, int(a.tokens), ds.manifest.np_dtype)
+    assert not toks.flags.writeable and not flags.flags.writeable
+    assert a.path in Path("/proc/self/maps").read_text()
+    lo, hi = dataset.block_range(2)
+    np.testing.assert_array_equal(toks, dataset.stream[lo:hi])
+    np.testing.assert_array_equal(flags, dataset.starts[lo:hi])
 
 
 def test_reader_started_agent_and_warm_restart(
@@ -345,7 +356,9 @@ def test_memory_tier_too_small_falls_back_inline(
     agents.start(cache, "--shm-limit", "1K")  # smaller than one decoded block
     client = AgentClient(cache, autostart=False)
     ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=client)
-    samples = unbatch(stoker.TokenLoader(ds))
+    with pytest.warns(UserWarning, match="no room in shared memory") as caught:
+        samples = unbatch(stoker.TokenLoader(ds))
+    assert len([w for w in caught if "no room" in str(w.message)]) == 1  # once, not per block
     assert_exactly_once(check_samples(dataset, SEQ_LEN, samples), ds.num_samples)
     stats = client.stats()
     assert stats["inline_fallbacks"] >= dataset.blocks_needed(SEQ_LEN)

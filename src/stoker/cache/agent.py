@@ -85,7 +85,7 @@ class Agent:
         *,
         max_remote: int = 16,
         max_rate: float = 0.0,
-        prefetch_blocks: int = 64,
+        prefetch_bytes: int | None = None,
         decode_threads: int = 4,
         metrics_port: int | None = None,
         shm_root: Path | None = None,
@@ -99,7 +99,8 @@ class Agent:
         self.counters = Counters()
         self.disk = DiskTier(self.paths, cache_limit, self.counters)
         self.memory = TierTable(shm_limit)
-        self.prefetch_blocks = prefetch_blocks
+        # prefetch looks this far into a reader's plan (default: half the memory tier)
+        self.prefetch_bytes = shm_limit // 2 if prefetch_bytes is None else prefetch_bytes
         self.metrics_port = metrics_port
         self._remote_slots = threading.BoundedSemaphore(max(1, max_remote))
         self._limiter = RateLimiter(max_rate)
@@ -414,8 +415,11 @@ class Agent:
             self.memory.set_plan(client, keys)
             if not self._shm_ok:
                 return
-            started = 0
-            for key in keys[: self.prefetch_blocks]:
+            started = budget = 0
+            for key in keys:
+                budget += ds.size(key[1])
+                if budget > self.prefetch_bytes:
+                    break
                 if key in self.memory.entries or key in self._loads:
                     continue
                 if self._start_load(ds, key[1], prefetch=True) is None:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,12 @@ class AgentClient:
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
         self._next_id = 0
+        self._warned_inline = False
         self.reconnects = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_sock", "_lock", "_pid"):
+        for k in ("_sock", "_lock", "_pid", "_warned_inline"):
             state.pop(k, None)
         state["_opened"] = {k: v.SerializeToString() for k, v in self._opened.items()}
         return state
@@ -232,7 +234,16 @@ class AgentClient:
 
     def get(self, dataset_id: str, block: int) -> pb.Block:
         """Pin ``block`` and say where it is (or carry its record inline)."""
-        return self._call(pb.Request(get=pb.Get(dataset_id=dataset_id, block=block))).block
+        got = self._call(pb.Request(get=pb.Get(dataset_id=dataset_id, block=block))).block
+        if not got.pinned and not self._warned_inline:
+            self._warned_inline = True
+            warnings.warn(
+                f"the stoker agent at {self.paths.socket} has no room in shared memory; this "
+                "process decodes blocks itself until there is (raise the agent's --shm-limit "
+                "or free /dev/shm)",
+                stacklevel=2,
+            )
+        return got
 
     def release(self, dataset_id: str, blocks: list[int]) -> None:
         if blocks:

@@ -182,13 +182,33 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
             )
             yield stream.samples(split.rank_positions(rank, local))
 
+    def _next_epoch_chunks(
+        self, progress: st.Progress, rank: int, worker: int, num_workers: int, chunk: int
+    ) -> Iterator[np.ndarray] | None:
+        """The start of this worker's next epoch, to plan ahead with (computed when reached).
+
+        Only through a node agent: it keeps what it prefetches across epochs, while
+        a reader's own arena is dropped at the end of the epoch.
+        """
+        if self.agent is None:
+            return None
+        nxt = st.Progress(
+            progress.epoch + 1,
+            progress.split.next_epoch_set(progress.epoch, self.num_samples, self.drop_remainder),
+            progress.world,
+            progress.chunk,
+        )
+        return self._id_chunks(nxt, rank, worker, num_workers, 0, chunk)
+
     def _batches(
         self, reader: _Reader, progress: st.Progress, rank: int, worker: int, num_workers: int
     ) -> Iterator[np.ndarray]:
         """One worker's sample ids a batch at a time, planned on ``reader`` ahead of use."""
         B = self.batch_size
         chunk = B * max(1, PLAN_CHUNK // B)
-        for ids in reader.lookahead(self._id_chunks(progress, rank, worker, num_workers, 0, chunk)):
+        tail = self._next_epoch_chunks(progress, rank, worker, num_workers, chunk)
+        chunks = self._id_chunks(progress, rank, worker, num_workers, 0, chunk)
+        for ids in reader.lookahead(chunks, tail):
             for lo in range(0, len(ids), B):
                 yield ids[lo : lo + B]
 
@@ -234,9 +254,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         progress, skip = self._start(pl)
         reader = self._reader()
         try:
-            for ids in reader.lookahead(
-                self._id_chunks(progress, pl.rank, pl.worker, pl.num_workers, skip, PLAN_CHUNK)
-            ):
+            chunks = self._id_chunks(progress, pl.rank, pl.worker, pl.num_workers, skip, PLAN_CHUNK)
+            tail = self._next_epoch_chunks(progress, pl.rank, pl.worker, pl.num_workers, PLAN_CHUNK)
+            for ids in reader.lookahead(chunks, tail):
                 for lo in range(0, len(ids), 64):
                     sub = ids[lo : lo + 64]
                     toks, mask = reader.read(sub)
@@ -336,24 +356,42 @@ class _Reader:
         self._pos = 0
         self._scheduled = -1
 
-    def lookahead(self, chunks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
-        """Pass chunks of ids through, planning each with the ``horizon`` samples after it."""
+    def lookahead(
+        self, chunks: Iterator[np.ndarray], tail: Iterator[np.ndarray] | None = None
+    ) -> Iterator[np.ndarray]:
+        """Pass chunks of ids through, planning each with the ``horizon`` samples after it.
+
+        ``tail`` (the next epoch's first chunks) is planned but never yielded, so
+        the blocks the next epoch starts with are prefetched and kept at the end of
+        this one.
+        """
         ahead: deque[np.ndarray] = deque()
+        planned: deque[np.ndarray] = deque()  # from the tail: plan only
         queued = 0
         exhausted = False
         while True:
-            while not exhausted and (len(ahead) < 2 or queued - len(ahead[0]) < self.horizon):
-                nxt = next(chunks, None)
-                if nxt is None:
-                    exhausted = True
-                else:
+            while (not exhausted or tail is not None) and (
+                len(ahead) < 2 or queued - len(ahead[0]) < self.horizon
+            ):
+                if not exhausted:
+                    nxt = next(chunks, None)
+                    if nxt is None:
+                        exhausted = True
+                        continue
                     ahead.append(nxt)
-                    queued += len(nxt)
+                else:
+                    assert tail is not None
+                    nxt = next(tail, None)
+                    if nxt is None:
+                        tail = None
+                        continue
+                    planned.append(nxt)
+                queued += len(nxt)
             if not ahead:
                 return
             cur = ahead.popleft()
             queued -= len(cur)
-            rest = list(ahead)
+            rest = [*ahead, *planned]
             self.plan(cur, np.concatenate(rest) if rest else np.zeros(0, dtype=np.int64))
             yield cur
 
