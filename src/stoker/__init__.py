@@ -4,7 +4,10 @@ Public API; everything else is internal and may change.
 """
 
 from stoker.cache import BlockCache, DiskCache, NullCache
+from stoker.cache.client import AgentClient
 from stoker.errors import (
+    AgentError,
+    AgentRunningError,
     ChecksumError,
     ConfigError,
     DatasetError,
@@ -27,6 +30,9 @@ from stoker.storage import RetryPolicy, Storage
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgentClient",
+    "AgentError",
+    "AgentRunningError",
     "BlockCache",
     "ChecksumError",
     "ConfigError",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -449,3 +451,56 @@ def test_paths_differ_per_user_and_directory(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(os, "getuid", lambda: 4242)
     assert AgentPaths(tmp_path / "a").shm != a.shm and "4242" in AgentPaths(tmp_path / "a").shm.name
     np.testing.assert_equal(str(a.socket).startswith(str(tmp_path)), True)
+
+
+def test_request_rate_toward_the_origin_is_capped(
+    serve_dir, dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    origin, url = serve_dir(dataset.path)
+    cache = tmp_path / "cache"
+    agents.start(cache, "--max-rate", "20", "--max-remote", "2")
+    origin.clear_access_log()
+    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=AgentClient(cache, autostart=False))
+    assert_exactly_once([i for b in stoker.TokenLoader(ds) for i in b["sample_id"].tolist()],
+                        ds.num_samples)  # fmt: skip
+    log = sorted((r for r in origin.access_log() if "/data/" in r.path), key=lambda r: r.msec)
+    assert len(log) == dataset.blocks_needed(SEQ_LEN)
+    # a bucket of 20 then 20 per second: request k starts no earlier than (k - 20) / 20 s
+    # after the first (nginx logs the end of a request; these requests take ~1 ms)
+    for k in range(20, len(log)):
+        assert log[k].msec - log[0].msec >= (k - 20) / 20 - 0.05, (k, log[k].msec - log[0].msec)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starts an agent as another user (needs root)")
+def test_agents_of_two_users_do_not_collide(tmp_path: Path, agents: Agents) -> None:
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    real = Path(sys.executable).resolve()
+    if any(not (d.stat().st_mode & 0o001) for d in real.parents) or not real.stat().st_mode & 0o001:
+        pytest.skip(f"the interpreter {real} is not reachable by other users")
+    theirs = Path(tempfile.mkdtemp(prefix="stoker-nobody-"))
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    mine = tmp_path / "cache"
+    agents.start(mine)
+    other = subprocess.Popen(
+        [sys.executable, "-m", "stoker.cache.agent", "--cache-dir", str(theirs / "cache"),
+         "--cache-limit", "1G"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        user=nobody.pw_uid, group=nobody.pw_gid, cwd="/",
+    )  # fmt: skip
+    agents.procs.append(other)
+    agents.dirs.append(theirs / "cache")
+    try:
+        Agents.wait_line(other, "serving")
+        p_mine, p_theirs = AgentPaths(mine), AgentPaths(theirs / "cache", uid=nobody.pw_uid)
+        assert p_mine.shm != p_theirs.shm and str(nobody.pw_uid) in p_theirs.shm.name
+        assert p_theirs.shm.stat().st_uid == nobody.pw_uid
+        assert (p_theirs.socket.stat().st_mode & 0o777) == 0o600  # private to its user
+        assert (p_theirs.shm.stat().st_mode & 0o777) == 0o700
+        assert AgentClient(mine, autostart=False).stats()["pid"] != other.pid
+    finally:
+        other.kill()
+        other.wait()
+        remove_tree(AgentPaths(theirs / "cache", uid=nobody.pw_uid).shm)
+        shutil.rmtree(theirs, ignore_errors=True)

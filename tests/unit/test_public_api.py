@@ -38,6 +38,9 @@ def test_errors_form_the_documented_hierarchy() -> None:
         assert issubclass(cls, ValueError)
     assert issubclass(stoker.StorageError, stoker.StokerError)
     assert issubclass(stoker.StorageError, OSError)
+    assert issubclass(stoker.AgentRunningError, stoker.AgentError)
+    assert issubclass(stoker.AgentError, stoker.StokerError)
+    assert issubclass(stoker.AgentError, RuntimeError)
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:

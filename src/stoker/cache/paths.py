@@ -40,7 +40,12 @@ def default_cache_dir() -> Path:
 class AgentPaths:
     """The files of the agent that owns ``cache_dir``."""
 
-    def __init__(self, cache_dir: str | os.PathLike[str], shm_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str],
+        shm_root: Path | None = None,
+        uid: int | None = None,
+    ) -> None:
         self.cache_dir = Path(cache_dir).resolve()
         self.marker = self.cache_dir / MARKER
         self.lock = self.cache_dir / "agent.lock"
@@ -48,7 +53,8 @@ class AgentPaths:
         self.log = self.cache_dir / "agent.log"
         self.blocks = self.cache_dir / "blocks"
         digest = hashlib.sha256(str(self.cache_dir).encode()).hexdigest()[:12]
-        self.shm = (shm_root or SHM_ROOT) / f"stoker-{os.getuid()}-{digest}"
+        uid = os.getuid() if uid is None else uid
+        self.shm = (shm_root or SHM_ROOT) / f"stoker-{uid}-{digest}"
 
     def record(self, dataset_id: str, block: int) -> Path:
         return self.blocks / dataset_id / f"{block}.rec"
