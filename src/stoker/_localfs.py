@@ -61,6 +61,10 @@ class LocalFS:
         if fd is not None:
             os.close(fd)
 
+    def ls(self, path: str, detail: bool = False) -> list[str]:
+        """Full paths of a directory's entries (fsspec's ``ls(detail=False)``)."""
+        return [os.path.join(path, name) for name in sorted(os.listdir(path))]
+
     def __del__(self) -> None:
         for fd in self._fds.values():
             try:

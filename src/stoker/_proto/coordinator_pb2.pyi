@@ -1,0 +1,124 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("rank", "worker", "node")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    worker: int
+    node: str
+    def __init__(self, rank: _Optional[int] = ..., worker: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("consumer", "epoch")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    consumer: int
+    epoch: int
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("consumer", "epoch")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    consumer: int
+    epoch: int
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class LeaseReply(_message.Message):
+    __slots__ = ("status", "lease", "start", "end", "horizon")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        GRANTED: _ClassVar[LeaseReply.Status]
+        WAIT: _ClassVar[LeaseReply.Status]
+        DONE: _ClassVar[LeaseReply.Status]
+    GRANTED: LeaseReply.Status
+    WAIT: LeaseReply.Status
+    DONE: LeaseReply.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    status: LeaseReply.Status
+    lease: int
+    start: int
+    end: int
+    horizon: int
+    def __init__(self, status: _Optional[_Union[LeaseReply.Status, str]] = ..., lease: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., horizon: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("consumer", "epoch", "lease", "read")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    consumer: int
+    epoch: int
+    lease: int
+    read: int
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., lease: _Optional[int] = ..., read: _Optional[int] = ...) -> None: ...
+
+class LeaseLimits(_message.Message):
+    __slots__ = ("lease", "end", "horizon")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    end: int
+    horizon: int
+    def __init__(self, lease: _Optional[int] = ..., end: _Optional[int] = ..., horizon: _Optional[int] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[LeaseLimits]
+    def __init__(self, leases: _Optional[_Iterable[_Union[LeaseLimits, _Mapping]]] = ...) -> None: ...
+
+class ConfirmRequest(_message.Message):
+    __slots__ = ("consumer", "epoch", "lease", "upto")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    UPTO_FIELD_NUMBER: _ClassVar[int]
+    consumer: int
+    epoch: int
+    lease: int
+    upto: int
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., lease: _Optional[int] = ..., upto: _Optional[int] = ...) -> None: ...
+
+class ConfirmReply(_message.Message):
+    __slots__ = ("lease_done",)
+    LEASE_DONE_FIELD_NUMBER: _ClassVar[int]
+    lease_done: bool
+    def __init__(self, lease_done: _Optional[bool] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckpointReply(_message.Message):
+    __slots__ = ("snapshot_json",)
+    SNAPSHOT_JSON_FIELD_NUMBER: _ClassVar[int]
+    snapshot_json: str
+    def __init__(self, snapshot_json: _Optional[str] = ...) -> None: ...
+
+class DatasetRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DatasetReply(_message.Message):
+    __slots__ = ("manifest_json", "index")
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    manifest_json: bytes
+    index: bytes
+    def __init__(self, manifest_json: _Optional[bytes] = ..., index: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The coordinator: dynamic leases, work stealing and exactly-once delivery across machines."""

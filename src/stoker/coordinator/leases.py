@@ -1,0 +1,436 @@
+"""The lease table: which consumer reads which positions of an epoch, and what is consumed.
+
+Pure: no I/O, no clock (callers pass ``now``), no randomness. Every change is
+one of a few operations, each recorded as an :class:`Event`; replaying the
+events on a fresh table gives the same table (the coordinator's journal), and
+the grants among them reproduce a dynamic run's exact assignment.
+
+Vocabulary (positions are stream positions of the epoch, see ``plan.py``):
+
+* the **epoch set**: the positions the epoch delivers; each of the ``world``
+  ranks gets exactly ``quota = |set| // world`` of them, the rest carry over;
+* a **lease** ``[start, end)``: contiguous positions reserved for one consumer
+  (a DataLoader worker of a rank). The consumer may read positions below its
+  **horizon** (read-ahead, sized by its measured rate), reports how far it
+  has **read**, and positions below **confirmed** have reached training;
+* **commit protocol**: a rank confirms positions *before* handing them to
+  training; a confirm for a lease that is no longer held fails, and the batch
+  is dropped. So a position reaches training at most once, and a consumer that
+  goes silent has ``[confirmed, end)`` put back in the queue: exactly once;
+* **work stealing**: when the queue is empty, the lease with the most time
+  left (unread positions beyond its horizon over its consumer's rate) is cut
+  in two and the idle consumer gets the far half. The victim never read past
+  its horizon, so nothing stolen was read.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Rate assumed for a consumer that has not reported progress yet (positions/s).
+DEFAULT_RATE = 1.0
+
+
+class LeaseError(Exception):
+    """A request the table refuses; ``code`` says why (the service maps it to a gRPC status)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Lease:
+    id: int
+    consumer: int
+    rank: int
+    start: int
+    end: int
+    horizon: int
+    read: int
+    confirmed: int
+
+    @property
+    def unread_beyond_horizon(self) -> int:
+        return self.end - max(self.horizon, self.read)
+
+
+@dataclass
+class Consumer:
+    id: int
+    rank: int
+    worker: int
+    last_seen: float
+    rate: float = 0.0  # positions per second (exponentially weighted), 0 = unknown
+    alive: bool = True
+    leases: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change to the table, with every input it needs (``now`` included)."""
+
+    kind: str  # register | request | heartbeat | confirm | expire
+    now: float
+    args: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "now": self.now, "args": self.args}
+
+    @staticmethod
+    def from_json(obj: dict[str, Any]) -> Event:
+        return Event(str(obj["kind"]), float(obj["now"]), dict(obj["args"]))
+
+
+@dataclass(frozen=True)
+class Grant:
+    lease: int
+    start: int
+    end: int
+    horizon: int
+    stolen_from: int | None = None  # the consumer whose lease was split
+
+
+#: What :meth:`LeaseTable.request` answers when nothing can be granted right now but the
+#: rank still has positions to come (they are in other consumers' leases): ask again.
+WAIT = Grant(0, 0, 0, 0)
+
+
+@dataclass
+class Config:
+    lease_size: int = 4096  # positions per fresh lease
+    timeout: float = 30.0  # seconds of silence before a consumer's leases are requeued
+    readahead_seconds: float = 5.0  # horizon = read + rate * this
+    min_readahead: int = 64  # positions a consumer may always read ahead
+    min_steal: int = 2  # do not split leases with fewer stealable positions
+
+
+class LeaseTable:
+    """Leases of one epoch of a job with ``world`` ranks."""
+
+    def __init__(
+        self,
+        epoch: int,
+        epoch_set: list[tuple[int, int]],
+        world: int,
+        config: Config | None = None,
+    ) -> None:
+        if world < 1:
+            raise ValueError(f"world must be >= 1, got {world}")
+        self.epoch = epoch
+        self.epoch_set = [(int(a), int(b)) for a, b in epoch_set if b > a]
+        self.world = world
+        self.config = config or Config()
+        total = sum(b - a for a, b in self.epoch_set)
+        self.quota = total // world
+        self.queue: list[tuple[int, int]] = list(self.epoch_set)  # sorted, disjoint
+        self.assigned = [0] * world  # per rank: positions in its leases + consumed by it
+        self.consumed: list[tuple[int, int]] = []  # sorted, merged
+        self.consumers: dict[int, Consumer] = {}
+        self.leases: dict[int, Lease] = {}
+        # the journal: how the table began, then every change
+        self.events: list[Event] = [
+            Event("begin", 0.0, {"epoch": epoch, "epoch_set": [list(x) for x in self.epoch_set],
+                                 "world": world, "consumed": []})
+        ]  # fmt: skip
+        self._next_consumer = 1
+        self._next_lease = 1
+        self.steals = 0
+        self.requeued = 0
+
+    # -- events ----------------------------------------------------------------------
+    def apply(self, event: Event) -> Any:
+        """Apply a recorded event (journal replay). Raises LeaseError like the live call."""
+        fn: Any = {
+            "register": self.register,
+            "request": self.request,
+            "heartbeat": self.heartbeat,
+            "confirm": self.confirm,
+            "expire": self.expire,
+        }[event.kind]
+        return fn(now=event.now, **event.args)
+
+    def _record(self, kind: str, now: float, **args: Any) -> None:
+        self.events.append(Event(kind, now, args))
+
+    # -- consumers -------------------------------------------------------------------
+    def register(self, rank: int, worker: int, now: float) -> int:
+        """A new consumer of ``rank``; returns its id (never reused)."""
+        if not 0 <= rank < self.world:
+            raise LeaseError("bad_rank", f"rank {rank} is outside the job's world of {self.world}")
+        cid = self._next_consumer
+        self._next_consumer += 1
+        self.consumers[cid] = Consumer(cid, rank, worker, now)
+        self._record("register", now, rank=rank, worker=worker)
+        return cid
+
+    def _live(self, consumer: int) -> Consumer:
+        c = self.consumers.get(consumer)
+        if c is None:
+            raise LeaseError("unknown_consumer", f"consumer {consumer} was never registered")
+        if not c.alive:
+            raise LeaseError(
+                "expired_consumer",
+                f"consumer {consumer} expired (silent past {self.config.timeout:.0f} s); "
+                "its leases went back to the queue: register again",
+            )
+        return c
+
+    def _lease(self, consumer: Consumer, lease: int) -> Lease:
+        ls = self.leases.get(lease)
+        if ls is None or ls.consumer != consumer.id:
+            raise LeaseError(
+                "unknown_lease", f"lease {lease} is not held by consumer {consumer.id}"
+            )
+        return ls
+
+    # -- granting ----------------------------------------------------------------------
+    def request(self, consumer: int, now: float) -> Grant | None:
+        """A lease for ``consumer``; :data:`WAIT` when none is free yet; None when nothing
+        more will come to it this epoch (its rank has all its positions, and no other
+        consumer of the rank has a part worth splitting)."""
+        c = self._live(consumer)
+        c.last_seen = now
+        room = self.quota - self.assigned[c.rank]
+        grant: Grant | None
+        if room > 0:
+            grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
+        else:
+            grant = self._steal(c, 0)  # within the rank: its count does not change
+        self._record("request", now, consumer=consumer)
+        return grant
+
+    def _readahead(self, c: Consumer) -> int:
+        return max(self.config.min_readahead, int(c.rate * self.config.readahead_seconds))
+
+    def _new_lease(self, c: Consumer, start: int, end: int) -> Lease:
+        ls = Lease(self._next_lease, c.id, c.rank, start, end, 0, start, start)
+        ls.horizon = min(end, start + self._readahead(c))
+        self._next_lease += 1
+        self.leases[ls.id] = ls
+        c.leases.append(ls.id)
+        self.assigned[c.rank] += end - start
+        return ls
+
+    def _from_queue(self, c: Consumer, room: int) -> Grant | None:
+        if not self.queue:
+            return None
+        a, b = self.queue[0]
+        end = min(b, a + self.config.lease_size, a + room)
+        if end == b:
+            self.queue.pop(0)
+        else:
+            self.queue[0] = (end, b)
+        ls = self._new_lease(c, a, end)
+        return Grant(ls.id, ls.start, ls.end, ls.horizon)
+
+    def _steal(self, thief: Consumer, room: int) -> Grant | None:
+        """Split the lease with the most time left; the thief takes the far half.
+
+        Leases of the thief's own rank can always be split (the rank's count does
+        not change); another rank's only up to the thief rank's ``room``.
+        """
+        best, best_time = None, -1.0
+        rates = [x.rate for x in self.consumers.values() if x.alive and x.rate > 0]
+        fallback = sum(rates) / len(rates) if rates else DEFAULT_RATE
+        for ls in self.leases.values():
+            if ls.consumer == thief.id or (ls.rank != thief.rank and room <= 0):
+                continue
+            if ls.unread_beyond_horizon < self.config.min_steal:
+                continue
+            rate = self.consumers[ls.consumer].rate or fallback
+            left = (ls.end - ls.read) / rate
+            if left > best_time:
+                best, best_time = ls, left
+        if best is None:
+            return None
+        half = best.unread_beyond_horizon // 2
+        moved = half if best.rank == thief.rank else min(room, half)
+        if moved < 1:
+            return None
+        mid = best.end - moved
+        best.end = mid
+        self.assigned[best.rank] -= moved
+        ls = self._new_lease(thief, mid, mid + moved)
+        self.steals += 1
+        return Grant(ls.id, ls.start, ls.end, ls.horizon, stolen_from=best.consumer)
+
+    # -- progress ----------------------------------------------------------------------
+    def heartbeat(
+        self, consumer: int, now: float, lease: int = 0, read: int = -1
+    ) -> dict[int, tuple[int, int]]:
+        """A consumer is alive and (optionally) has read up to ``read`` in ``lease``.
+
+        Returns ``{lease: (end, horizon)}`` for every lease it holds: the end may
+        have moved closer (stolen), the horizon further (read-ahead).
+        """
+        c = self._live(consumer)
+        if lease:
+            ls = self._lease(c, lease)
+            if not ls.read <= read <= ls.horizon:
+                raise LeaseError(
+                    "bad_range",
+                    f"lease {lease}: read position {read} outside [{ls.read}, {ls.horizon}] "
+                    "(positions go forward and stay below the horizon)",
+                )
+            dt = now - c.last_seen
+            if dt > 0 and read > ls.read:
+                inst = (read - ls.read) / dt
+                c.rate = inst if c.rate == 0 else 0.7 * c.rate + 0.3 * inst
+            ls.read = read
+        c.last_seen = now
+        out = {}
+        for lid in c.leases:
+            ls = self.leases[lid]
+            ls.horizon = max(ls.horizon, min(ls.end, ls.read + self._readahead(c)))
+            out[lid] = (ls.end, ls.horizon)
+        self._record("heartbeat", now, consumer=consumer, lease=lease, read=read)
+        return out
+
+    def confirm(self, consumer: int, lease: int, upto: int, now: float) -> bool:
+        """Positions ``[confirmed, upto)`` of ``lease`` reach training (call before they do).
+
+        Returns True when the lease is complete. Raises LeaseError when the lease
+        is not held (expired, or never granted): the caller must drop the batch.
+        """
+        c = self._live(consumer)
+        ls = self._lease(c, lease)
+        if not ls.confirmed <= upto <= ls.end or upto > max(ls.read, ls.horizon):
+            raise LeaseError(
+                "bad_range",
+                f"lease {lease}: confirm up to {upto} outside [{ls.confirmed}, "
+                f"{min(ls.end, max(ls.read, ls.horizon))}]",
+            )
+        if upto > ls.confirmed:
+            _insert(self.consumed, (ls.confirmed, upto))
+            ls.confirmed = upto
+            ls.read = max(ls.read, upto)
+        c.last_seen = now
+        done = ls.confirmed == ls.end
+        if done:
+            del self.leases[lease]
+            c.leases.remove(lease)
+        self._record("confirm", now, consumer=consumer, lease=lease, upto=upto)
+        return done
+
+    def expire(self, now: float) -> list[int]:
+        """Consumers silent past the timeout: requeue ``[confirmed, end)`` of their leases."""
+        gone = [
+            c.id
+            for c in self.consumers.values()
+            if c.alive and now - c.last_seen > self.config.timeout
+        ]
+        for cid in gone:
+            c = self.consumers[cid]
+            c.alive = False
+            for lid in c.leases:
+                ls = self.leases.pop(lid)
+                if ls.end > ls.confirmed:
+                    _insert(self.queue, (ls.confirmed, ls.end))
+                    self.assigned[ls.rank] -= ls.end - ls.confirmed
+                    self.requeued += ls.end - ls.confirmed
+            c.leases.clear()
+        self._record("expire", now)
+        return gone
+
+    # -- views ---------------------------------------------------------------------------
+    @property
+    def consumed_count(self) -> int:
+        return sum(b - a for a, b in self.consumed)
+
+    @property
+    def done(self) -> bool:
+        """Every rank has all its positions, and all of them are consumed."""
+        return not self.leases and all(a == self.quota for a in self.assigned)
+
+    def leftover(self) -> list[tuple[int, int]]:
+        """Positions no rank takes this epoch (fewer than ``world``), once it is done."""
+        return list(self.queue)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Topology-free progress: the epoch, its set, and the consumed positions."""
+        return {
+            "epoch": self.epoch,
+            "epoch_set": [list(p) for p in self.epoch_set],
+            "consumed": [list(p) for p in self.consumed],
+        }
+
+    @staticmethod
+    def restore(snapshot: dict[str, Any], world: int, config: Config | None = None) -> LeaseTable:
+        """A table for what ``snapshot`` has left, on ``world`` ranks (any number).
+
+        Every rank gets ``remaining // world`` more positions; the rest carry over.
+        """
+        epoch_set = [(int(a), int(b)) for a, b in snapshot["epoch_set"]]
+        remaining = _subtract(epoch_set, [(int(a), int(b)) for a, b in snapshot["consumed"]])
+        table = LeaseTable(int(snapshot["epoch"]), remaining, world, config)
+        table.epoch_set = epoch_set
+        table.consumed = [(int(a), int(b)) for a, b in snapshot["consumed"]]
+        table.events[0] = Event(
+            "begin",
+            0.0,
+            {"epoch": table.epoch, "epoch_set": [list(x) for x in epoch_set], "world": world,
+             "consumed": [list(x) for x in table.consumed]},
+        )  # fmt: skip
+        return table
+
+    @staticmethod
+    def replay(events: list[Event], config: Config | None = None) -> LeaseTable:
+        """The table a journal describes: its ``begin`` event, then every change."""
+        if not events or events[0].kind != "begin":
+            raise ValueError("a journal starts with a 'begin' event")
+        b = events[0].args
+        table = LeaseTable.restore(
+            {"epoch": b["epoch"], "epoch_set": b["epoch_set"], "consumed": b["consumed"]},
+            int(b["world"]),
+            config,
+        )
+        for ev in events[1:]:
+            table.apply(ev)
+        return table
+
+    def state(self) -> dict[str, Any]:
+        """Everything, for comparing a replayed table with the live one."""
+        return {
+            "epoch": self.epoch,
+            "queue": list(self.queue),
+            "assigned": list(self.assigned),
+            "consumed": list(self.consumed),
+            "consumers": {k: asdict(v) for k, v in self.consumers.items()},
+            "leases": {k: asdict(v) for k, v in self.leases.items()},
+            "next": (self._next_consumer, self._next_lease),
+            "steals": self.steals,
+            "requeued": self.requeued,
+        }
+
+
+def _insert(ranges: list[tuple[int, int]], new: tuple[int, int]) -> None:
+    """Insert ``new`` into sorted disjoint ``ranges``, merging neighbours (in place)."""
+    a, b = new
+    i = bisect.bisect_left(ranges, (a, b))
+    if i > 0 and ranges[i - 1][1] >= a:
+        i -= 1
+        a = min(a, ranges[i][0])
+        b = max(b, ranges[i][1])
+        del ranges[i]
+    while i < len(ranges) and ranges[i][0] <= b:
+        b = max(b, ranges[i][1])
+        del ranges[i]
+    ranges.insert(i, (a, b))
+
+
+def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for start, stop in a:
+        cur = start
+        for x, y in b:
+            if y <= cur or x >= stop:
+                continue
+            if x > cur:
+                out.append((cur, x))
+            cur = max(cur, y)
+        if cur < stop:
+            out.append((cur, stop))
+    return out

@@ -1,0 +1,244 @@
+"""The coordinator's lease table: a Hypothesis state machine against a model, and examples."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as hs
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
+
+CFG = Config(lease_size=7, timeout=10.0, readahead_seconds=2.0, min_readahead=5, min_steal=2)
+
+
+def members(ranges) -> list[int]:
+    return [p for a, b in ranges for p in range(a, b)]
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    """Consumers come, read, confirm, go silent; the coordinator restarts or restores."""
+
+    @initialize(
+        world=hs.integers(1, 3),
+        pieces=hs.lists(hs.tuples(hs.integers(0, 20), hs.integers(1, 30)), min_size=1, max_size=3),
+    )
+    def start(self, world: int, pieces: list[tuple[int, int]]) -> None:
+        epoch_set, cur = [], 0
+        for gap, length in pieces:
+            epoch_set.append((cur + gap, cur + gap + length))
+            cur += gap + length
+        self.table = LeaseTable(3, epoch_set, world, CFG)
+        self.initial = set(members(epoch_set))
+        self.delivered: Counter[int] = Counter()  # positions that reached training
+        self.now = 0.0
+
+    def _tick(self, dt: float) -> float:
+        self.now += dt
+        return self.now
+
+    # -- rules ------------------------------------------------------------------------
+    @rule(rank=hs.integers(0, 2), dt=hs.floats(0, 3))
+    def register(self, rank: int, dt: float) -> None:
+        if rank >= self.table.world:
+            with pytest.raises(LeaseError):
+                self.table.register(rank, 0, self._tick(dt))
+            return
+        self.table.register(rank, 0, self._tick(dt))
+
+    def _pick(self, data, alive: bool = True) -> int | None:
+        ids = sorted(c.id for c in self.table.consumers.values() if c.alive or not alive)
+        return data.draw(hs.sampled_from(ids)) if ids else None
+
+    @rule(data=hs.data(), dt=hs.floats(0, 3))
+    def request(self, data, dt: float) -> None:
+        cid = self._pick(data)
+        if cid is None:
+            return
+        c = self.table.consumers[cid]
+        before = {lid: (ls.end, max(ls.horizon, ls.read)) for lid, ls in self.table.leases.items()}
+        grant = self.table.request(cid, self._tick(dt))
+        if grant is None:
+            assert self.table.assigned[c.rank] == self.table.quota
+        elif grant is not WAIT:
+            assert grant.start < grant.end and grant.start <= grant.horizon <= grant.end
+            if grant.stolen_from is not None:
+                # stolen positions lie beyond the victim's horizon and read position
+                victim = [lid for lid, (end, lim) in before.items() if end == grant.end]
+                assert victim and before[victim[0]][1] <= grant.start
+
+    @rule(data=hs.data(), dt=hs.floats(0, 3), step=hs.integers(0, 8))
+    def read(self, data, dt: float, step: int) -> None:
+        cid = self._pick(data)
+        if cid is None or not self.table.consumers[cid].leases:
+            return
+        lid = data.draw(hs.sampled_from(self.table.consumers[cid].leases))
+        ls = self.table.leases[lid]
+        upto = min(ls.read + step, ls.horizon)
+        self.table.heartbeat(cid, self._tick(dt), lid, upto)
+        with pytest.raises(LeaseError):  # positions never go back
+            self.table.heartbeat(cid, self.now, lid, upto - 1)
+        with pytest.raises(LeaseError):  # nor past the horizon
+            self.table.heartbeat(cid, self.now, lid, self.table.leases[lid].horizon + 1)
+
+    @rule(data=hs.data(), dt=hs.floats(0, 3), step=hs.integers(0, 8))
+    def confirm(self, data, dt: float, step: int) -> None:
+        cid = self._pick(data)
+        if cid is None or not self.table.consumers[cid].leases:
+            return
+        lid = data.draw(hs.sampled_from(self.table.consumers[cid].leases))
+        ls = self.table.leases[lid]
+        upto = min(ls.confirmed + step, ls.read)
+        first = ls.confirmed
+        self.table.confirm(cid, lid, upto, self._tick(dt))
+        self.delivered.update(range(first, upto))
+
+    @rule(data=hs.data())
+    def confirm_after_expiry_is_refused(self, data) -> None:
+        dead = [c for c in self.table.consumers.values() if not c.alive]
+        if not dead:
+            return
+        c = data.draw(hs.sampled_from(dead))
+        with pytest.raises(LeaseError) as err:
+            self.table.confirm(c.id, 1, 0, self.now)
+        assert err.value.code == "expired_consumer"
+        with pytest.raises(LeaseError):
+            self.table.request(c.id, self.now)
+
+    @rule(dt=hs.floats(0, 25))
+    def expire(self, dt: float) -> None:
+        gone = self.table.expire(self._tick(dt))
+        for cid in gone:
+            assert not self.table.consumers[cid].alive
+
+    @rule()
+    def coordinator_restarts_from_its_journal(self) -> None:
+        journal = [Event.from_json(ev.to_json()) for ev in self.table.events]
+        replayed = LeaseTable.replay(journal, CFG)
+        assert replayed.state() == self.table.state()
+        self.table = replayed
+
+    @precondition(lambda self: self.table.consumed_count > 0)
+    @rule(world=hs.integers(1, 3))
+    def restore_from_checkpoint_on_another_world(self, world: int) -> None:
+        """Training restarts from a checkpoint: what was consumed stays consumed."""
+        snap = self.table.snapshot()
+        self.table = LeaseTable.restore(snap, world, CFG)
+        remaining = self.initial - set(members(snap["consumed"]))
+        assert set(members(self.table.queue)) == remaining
+
+    @rule()
+    def drain(self) -> None:
+        """The consumers so far go silent; one fresh consumer per rank reads to the end."""
+        t = self.table
+        t.expire(self._tick(CFG.timeout + 1))
+        workers = {r: t.register(r, 9, self._tick(0.1)) for r in range(t.world)}
+        for _ in range(10_000):
+            if t.done:
+                break
+            for cid in workers.values():
+                t.request(cid, self._tick(0.01))
+                for lid in list(t.consumers[cid].leases):
+                    ls = t.leases[lid]
+                    t.heartbeat(cid, self._tick(0.01), lid, ls.horizon)
+                    first = ls.confirmed
+                    t.confirm(cid, lid, ls.read, self._tick(0.01))
+                    self.delivered.update(range(first, ls.read))
+        assert t.done
+        # exactly once: every position of the epoch reached training once, or is left over
+        leftover = set(members(t.leftover()))
+        assert len(leftover) < t.world
+        assert set(self.delivered) | leftover == self.initial
+        assert not set(self.delivered) & leftover
+
+    # -- invariants -----------------------------------------------------------------------
+    @invariant()
+    def at_most_once(self) -> None:
+        assert all(v == 1 for v in self.delivered.values()), self.delivered.most_common(3)
+
+    @invariant()
+    def positions_are_partitioned(self) -> None:
+        t = self.table
+        parts = [members(t.queue), members(t.consumed)]
+        parts += [list(range(ls.confirmed, ls.end)) for ls in t.leases.values()]
+        flat = [p for part in parts for p in part]
+        assert len(flat) == len(set(flat)), "a position is in two places"
+        assert set(flat) == self.initial
+
+    @invariant()
+    def quotas_hold(self) -> None:
+        t = self.table
+        assert all(0 <= a <= t.quota for a in t.assigned)
+        for rank in range(t.world):
+            held = sum(ls.end - ls.start for ls in t.leases.values() if ls.rank == rank)
+            assert held <= t.assigned[rank]
+
+    @invariant()
+    def horizons_are_ordered(self) -> None:
+        for ls in self.table.leases.values():
+            assert ls.start <= ls.confirmed <= ls.read <= ls.end
+            assert ls.horizon <= ls.end
+
+
+LeaseMachine.TestCase.settings = settings(max_examples=250, stateful_step_count=40, deadline=None)
+test_lease_table = LeaseMachine.TestCase
+
+
+def test_equal_counts_per_rank_and_leftover_carries() -> None:
+    t = LeaseTable(0, [(0, 103)], world=4, config=CFG)
+    consumers = [t.register(r, 0, 0.0) for r in range(4)]
+    got = Counter()
+    while not t.done:
+        for cid in consumers:
+            grant = t.request(cid, 1.0)
+            if grant is None or grant is WAIT:
+                continue
+            t.heartbeat(cid, 1.0, grant.lease, grant.horizon)
+            ls = t.leases[grant.lease]
+            while ls.read < ls.end:
+                t.heartbeat(cid, 1.0, ls.id, max(ls.horizon, ls.read))
+            got[t.consumers[cid].rank] += ls.end - ls.start
+            t.confirm(cid, ls.id, ls.end, 1.0)
+    assert set(got.values()) == {25}
+    assert sum(b - a for a, b in t.leftover()) == 3
+
+
+def test_an_idle_consumer_steals_from_the_slowest() -> None:
+    cfg = Config(lease_size=100, timeout=60, readahead_seconds=1.0, min_readahead=4)
+    t = LeaseTable(0, [(0, 200)], world=1, config=cfg)
+    slow, fast = t.register(0, 0, 0.0), t.register(0, 1, 0.0)
+    a = t.request(slow, 0.0)
+    b = t.request(fast, 0.0)
+    assert (a.start, a.end, b.start, b.end) == (0, 100, 100, 200)
+    t.heartbeat(slow, 1.0, a.lease, 4)  # 4 positions per second
+    for pos in range(4, 100, 4):  # fast reads its whole lease at 100/s
+        t.heartbeat(fast, 1.0 + pos / 100, b.lease, min(100 + pos, t.leases[b.lease].horizon))
+    t.heartbeat(fast, 2.0, b.lease, t.leases[b.lease].horizon)
+    t.confirm(fast, b.lease, t.leases[b.lease].read, 2.0)
+    while b.lease in t.leases:
+        ls = t.leases[b.lease]
+        t.heartbeat(fast, 2.0, b.lease, ls.horizon)
+        t.confirm(fast, b.lease, ls.read, 2.0)
+    c = t.request(fast, 2.0)
+    assert c.stolen_from == slow
+    horizon = max(t.leases[a.lease].horizon, t.leases[a.lease].read)
+    assert horizon <= c.start and c.end == 100  # the far half of the unread part
+    assert t.leases[a.lease].end == c.start
+    assert 100 - c.start == (100 - horizon) // 2
+
+
+def test_silent_consumer_is_requeued_and_its_late_confirm_refused() -> None:
+    t = LeaseTable(0, [(0, 50)], world=1, config=CFG)
+    a = t.register(0, 0, 0.0)
+    g = t.request(a, 0.0)
+    t.heartbeat(a, 1.0, g.lease, g.horizon)
+    t.confirm(a, g.lease, 2, 1.0)
+    assert t.expire(1.0 + CFG.timeout + 0.1) == [a]
+    with pytest.raises(LeaseError) as err:
+        t.confirm(a, g.lease, 3, 20.0)
+    assert err.value.code == "expired_consumer"
+    assert t.queue == [(2, 50)]  # the unconfirmed rest of the lease, merged back, first in line
+    b = t.register(0, 0, 20.0)
+    assert t.request(b, 20.0).start == 2
