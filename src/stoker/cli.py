@@ -197,6 +197,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent.add_arguments(a)
     a.set_defaults(func=agent.run)
+
+    from stoker.coordinator import cli as coordinator_cli
+
+    c = sub.add_parser(
+        "coordinator",
+        help="run the coordinator (leases, work stealing, exactly-once) standalone",
+        description="Run the coordinator of one job: leases of epoch positions to its "
+        "consumers, journaled to --state so that a restarted coordinator resumes.",
+    )
+    coordinator_cli.add_arguments(c)
+    c.set_defaults(func=coordinator_cli.run)
     return p
 
 

@@ -69,6 +69,22 @@ class LeaseMachine(RuleBasedStateMachine):
                 victim = [lid for lid, (end, lim) in before.items() if end == grant.end]
                 assert victim and before[victim[0]][1] <= grant.start
 
+    @rule(data=hs.data())
+    def request_after_a_lost_answer(self, data) -> None:
+        """The answer to a grant was lost: the retry (not listing it) gets it again."""
+        cid = self._pick(data)
+        if cid is None or not self.table.consumers[cid].leases:
+            return
+        leases = self.table.consumers[cid].leases
+        lost = data.draw(hs.sampled_from(leases))
+        grant = self.table.request(cid, self.now, held=[x for x in leases if x != lost])
+        ls = self.table.leases[lost]
+        assert grant is not None and (grant.lease, grant.start, grant.end) == (
+            lost,
+            ls.confirmed,
+            ls.end,
+        )
+
     @rule(data=hs.data(), dt=hs.floats(0, 3), step=hs.integers(0, 8))
     def read(self, data, dt: float, step: int) -> None:
         cid = self._pick(data)
@@ -106,6 +122,11 @@ class LeaseMachine(RuleBasedStateMachine):
         assert err.value.code == "expired_consumer"
         with pytest.raises(LeaseError):
             self.table.request(c.id, self.now)
+
+    @rule(dt=hs.floats(0, 3))
+    def revive(self, dt: float) -> None:
+        self.table.revive(self._tick(dt))
+        assert all(c.last_seen == self.now for c in self.table.consumers.values() if c.alive)
 
     @rule(dt=hs.floats(0, 25))
     def expire(self, dt: float) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstoker/_proto/coordinator.proto\x12\x15stoker.coordinator.v1\"=\n\x0fRegisterRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04node\x18\x03 \x01(\t\"0\n\rRegisterReply\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"/\n\x0cLeaseRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\xad\x01\n\nLeaseReply\x12\x38\n\x06status\x18\x01 \x01(\x0e\x32(.stoker.coordinator.v1.LeaseReply.Status\x12\r\n\x05lease\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0f\n\x07horizon\x18\x05 \x01(\x04\")\n\x06Status\x12\x0b\n\x07GRANTED\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\"P\n\x10HeartbeatRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04read\x18\x04 \x01(\x04\":\n\x0bLeaseLimits\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\x12\x0f\n\x07horizon\x18\x03 \x01(\x04\"D\n\x0eHeartbeatReply\x12\x32\n\x06leases\x18\x01 \x03(\x0b\x32\".stoker.coordinator.v1.LeaseLimits\"N\n\x0e\x43onfirmRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04upto\x18\x04 \x01(\x04\"\"\n\x0c\x43onfirmReply\x12\x12\n\nlease_done\x18\x01 \x01(\x08\"\x13\n\x11\x43heckpointRequest\"(\n\x0f\x43heckpointReply\x12\x15\n\rsnapshot_json\x18\x01 \x01(\t\"\x10\n\x0e\x44\x61tasetRequest\"4\n\x0c\x44\x61tasetReply\x12\x15\n\rmanifest_json\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x0c\x32\xa3\x04\n\x0b\x43oordinator\x12X\n\x08Register\x12&.stoker.coordinator.v1.RegisterRequest\x1a$.stoker.coordinator.v1.RegisterReply\x12O\n\x05Lease\x12#.stoker.coordinator.v1.LeaseRequest\x1a!.stoker.coordinator.v1.LeaseReply\x12[\n\tHeartbeat\x12\'.stoker.coordinator.v1.HeartbeatRequest\x1a%.stoker.coordinator.v1.HeartbeatReply\x12U\n\x07\x43onfirm\x12%.stoker.coordinator.v1.ConfirmRequest\x1a#.stoker.coordinator.v1.ConfirmReply\x12^\n\nCheckpoint\x12(.stoker.coordinator.v1.CheckpointRequest\x1a&.stoker.coordinator.v1.CheckpointReply\x12U\n\x07\x44\x61taset\x12%.stoker.coordinator.v1.DatasetRequest\x1a#.stoker.coordinator.v1.DatasetReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstoker/_proto/coordinator.proto\x12\x15stoker.coordinator.v1\"=\n\x0fRegisterRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04node\x18\x03 \x01(\t\"0\n\rRegisterReply\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"=\n\x0cLeaseRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x03(\x04\"\xad\x01\n\nLeaseReply\x12\x38\n\x06status\x18\x01 \x01(\x0e\x32(.stoker.coordinator.v1.LeaseReply.Status\x12\r\n\x05lease\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0f\n\x07horizon\x18\x05 \x01(\x04\")\n\x06Status\x12\x0b\n\x07GRANTED\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\"P\n\x10HeartbeatRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04read\x18\x04 \x01(\x04\":\n\x0bLeaseLimits\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\x12\x0f\n\x07horizon\x18\x03 \x01(\x04\"D\n\x0eHeartbeatReply\x12\x32\n\x06leases\x18\x01 \x03(\x0b\x32\".stoker.coordinator.v1.LeaseLimits\"N\n\x0e\x43onfirmRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04upto\x18\x04 \x01(\x04\"\"\n\x0c\x43onfirmReply\x12\x12\n\nlease_done\x18\x01 \x01(\x08\"\x13\n\x11\x43heckpointRequest\"(\n\x0f\x43heckpointReply\x12\x15\n\rsnapshot_json\x18\x01 \x01(\t\"\x10\n\x0e\x44\x61tasetRequest\"4\n\x0c\x44\x61tasetReply\x12\x15\n\rmanifest_json\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x0c\x32\xa3\x04\n\x0b\x43oordinator\x12X\n\x08Register\x12&.stoker.coordinator.v1.RegisterRequest\x1a$.stoker.coordinator.v1.RegisterReply\x12O\n\x05Lease\x12#.stoker.coordinator.v1.LeaseRequest\x1a!.stoker.coordinator.v1.LeaseReply\x12[\n\tHeartbeat\x12\'.stoker.coordinator.v1.HeartbeatRequest\x1a%.stoker.coordinator.v1.HeartbeatReply\x12U\n\x07\x43onfirm\x12%.stoker.coordinator.v1.ConfirmRequest\x1a#.stoker.coordinator.v1.ConfirmReply\x12^\n\nCheckpoint\x12(.stoker.coordinator.v1.CheckpointRequest\x1a&.stoker.coordinator.v1.CheckpointReply\x12U\n\x07\x44\x61taset\x12%.stoker.coordinator.v1.DatasetRequest\x1a#.stoker.coordinator.v1.DatasetReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,29 +36,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREPLY']._serialized_start=121
   _globals['_REGISTERREPLY']._serialized_end=169
   _globals['_LEASEREQUEST']._serialized_start=171
-  _globals['_LEASEREQUEST']._serialized_end=218
-  _globals['_LEASEREPLY']._serialized_start=221
-  _globals['_LEASEREPLY']._serialized_end=394
-  _globals['_LEASEREPLY_STATUS']._serialized_start=353
-  _globals['_LEASEREPLY_STATUS']._serialized_end=394
-  _globals['_HEARTBEATREQUEST']._serialized_start=396
-  _globals['_HEARTBEATREQUEST']._serialized_end=476
-  _globals['_LEASELIMITS']._serialized_start=478
-  _globals['_LEASELIMITS']._serialized_end=536
-  _globals['_HEARTBEATREPLY']._serialized_start=538
-  _globals['_HEARTBEATREPLY']._serialized_end=606
-  _globals['_CONFIRMREQUEST']._serialized_start=608
-  _globals['_CONFIRMREQUEST']._serialized_end=686
-  _globals['_CONFIRMREPLY']._serialized_start=688
-  _globals['_CONFIRMREPLY']._serialized_end=722
-  _globals['_CHECKPOINTREQUEST']._serialized_start=724
-  _globals['_CHECKPOINTREQUEST']._serialized_end=743
-  _globals['_CHECKPOINTREPLY']._serialized_start=745
-  _globals['_CHECKPOINTREPLY']._serialized_end=785
-  _globals['_DATASETREQUEST']._serialized_start=787
-  _globals['_DATASETREQUEST']._serialized_end=803
-  _globals['_DATASETREPLY']._serialized_start=805
-  _globals['_DATASETREPLY']._serialized_end=857
-  _globals['_COORDINATOR']._serialized_start=860
-  _globals['_COORDINATOR']._serialized_end=1407
+  _globals['_LEASEREQUEST']._serialized_end=232
+  _globals['_LEASEREPLY']._serialized_start=235
+  _globals['_LEASEREPLY']._serialized_end=408
+  _globals['_LEASEREPLY_STATUS']._serialized_start=367
+  _globals['_LEASEREPLY_STATUS']._serialized_end=408
+  _globals['_HEARTBEATREQUEST']._serialized_start=410
+  _globals['_HEARTBEATREQUEST']._serialized_end=490
+  _globals['_LEASELIMITS']._serialized_start=492
+  _globals['_LEASELIMITS']._serialized_end=550
+  _globals['_HEARTBEATREPLY']._serialized_start=552
+  _globals['_HEARTBEATREPLY']._serialized_end=620
+  _globals['_CONFIRMREQUEST']._serialized_start=622
+  _globals['_CONFIRMREQUEST']._serialized_end=700
+  _globals['_CONFIRMREPLY']._serialized_start=702
+  _globals['_CONFIRMREPLY']._serialized_end=736
+  _globals['_CHECKPOINTREQUEST']._serialized_start=738
+  _globals['_CHECKPOINTREQUEST']._serialized_end=757
+  _globals['_CHECKPOINTREPLY']._serialized_start=759
+  _globals['_CHECKPOINTREPLY']._serialized_end=799
+  _globals['_DATASETREQUEST']._serialized_start=801
+  _globals['_DATASETREQUEST']._serialized_end=817
+  _globals['_DATASETREPLY']._serialized_start=819
+  _globals['_DATASETREPLY']._serialized_end=871
+  _globals['_COORDINATOR']._serialized_start=874
+  _globals['_COORDINATOR']._serialized_end=1421
 # @@protoc_insertion_point(module_scope)

@@ -26,12 +26,14 @@ class RegisterReply(_message.Message):
     def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("consumer", "epoch")
+    __slots__ = ("consumer", "epoch", "held")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     consumer: int
     epoch: int
-    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    held: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
     __slots__ = ("status", "lease", "start", "end", "horizon")

@@ -130,6 +130,7 @@ class LeaseTable:
         self.consumed: list[tuple[int, int]] = []  # sorted, merged
         self.consumers: dict[int, Consumer] = {}
         self.leases: dict[int, Lease] = {}
+        self.completed: dict[int, tuple[int, int]] = {}  # lease -> (consumer, end)
         # the journal: how the table began, then every change
         self.events: list[Event] = [
             Event("begin", 0.0, {"epoch": epoch, "epoch_set": [list(x) for x in self.epoch_set],
@@ -149,6 +150,7 @@ class LeaseTable:
             "heartbeat": self.heartbeat,
             "confirm": self.confirm,
             "expire": self.expire,
+            "revive": self.revive,
         }[event.kind]
         return fn(now=event.now, **event.args)
 
@@ -187,19 +189,33 @@ class LeaseTable:
         return ls
 
     # -- granting ----------------------------------------------------------------------
-    def request(self, consumer: int, now: float) -> Grant | None:
+    def request(self, consumer: int, now: float, held: list[int] | None = None) -> Grant | None:
         """A lease for ``consumer``; :data:`WAIT` when none is free yet; None when nothing
         more will come to it this epoch (its rank has all its positions, and no other
-        consumer of the rank has a part worth splitting)."""
+        consumer of the rank has a part worth splitting).
+
+        ``held`` lists the leases the consumer knows it holds (None: do not check): a
+        lease granted to it whose answer was lost (a coordinator killed before
+        replying) is granted again first, so a retried request never strands positions.
+        """
         c = self._live(consumer)
         c.last_seen = now
-        room = self.quota - self.assigned[c.rank]
-        grant: Grant | None
-        if room > 0:
-            grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
-        else:
-            grant = self._steal(c, 0)  # within the rank: its count does not change
-        self._record("request", now, consumer=consumer)
+        known = set(held) if held is not None else set(c.leases)
+        grant: Grant | None = None
+        for lid in c.leases:
+            if lid not in known:
+                ls = self.leases[lid]
+                grant = Grant(ls.id, ls.confirmed, ls.end, ls.horizon)
+                break
+        if grant is None:
+            room = self.quota - self.assigned[c.rank]
+            if room > 0:
+                grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
+            else:
+                grant = self._steal(c, 0)  # within the rank: its count does not change
+        self._record(
+            "request", now, consumer=consumer, held=None if held is None else sorted(known)
+        )
         return grant
 
     def _readahead(self, c: Consumer) -> int:
@@ -296,6 +312,8 @@ class LeaseTable:
         is not held (expired, or never granted): the caller must drop the batch.
         """
         c = self._live(consumer)
+        if self.completed.get(lease) == (consumer, upto):
+            return True  # a retry of the confirm that completed it
         ls = self._lease(c, lease)
         if not ls.confirmed <= upto <= ls.end or upto > max(ls.read, ls.horizon):
             raise LeaseError(
@@ -312,6 +330,7 @@ class LeaseTable:
         if done:
             del self.leases[lease]
             c.leases.remove(lease)
+            self.completed[lease] = (consumer, upto)
         self._record("confirm", now, consumer=consumer, lease=lease, upto=upto)
         return done
 
@@ -334,6 +353,14 @@ class LeaseTable:
             c.leases.clear()
         self._record("expire", now)
         return gone
+
+    def revive(self, now: float) -> None:
+        """Count every live consumer as seen now (a restarted coordinator gives them a
+        full timeout to reach it before their leases go back to the queue)."""
+        for c in self.consumers.values():
+            if c.alive:
+                c.last_seen = now
+        self._record("revive", now)
 
     # -- views ---------------------------------------------------------------------------
     @property
@@ -400,6 +427,7 @@ class LeaseTable:
             "consumed": list(self.consumed),
             "consumers": {k: asdict(v) for k, v in self.consumers.items()},
             "leases": {k: asdict(v) for k, v in self.leases.items()},
+            "completed": dict(self.completed),
             "next": (self._next_consumer, self._next_lease),
             "steals": self.steals,
             "requeued": self.requeued,

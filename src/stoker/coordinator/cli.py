@@ -1,0 +1,77 @@
+"""`stoker coordinator`: run the coordinator standalone."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from stoker.coordinator.leases import Config
+from stoker.errors import ConfigError
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT (default: loopback, any port)")
+    ap.add_argument("--state", required=True, help="state URL for the journal (any fsspec URL)")
+    ap.add_argument("--job", default="job", help="job name (journal prefix)")
+    ap.add_argument("--world", type=int, required=True, help="number of ranks of the job")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--dataset", help="token dataset URL (with --seq-len)")
+    src.add_argument("--num-samples", type=int, help="samples per data epoch, without a dataset")
+    ap.add_argument("--seq-len", type=int, help="sequence length of the samples of --dataset")
+    ap.add_argument("--drop-remainder", action="store_true")
+    ap.add_argument("--lease-size", type=int, default=Config.lease_size, help="positions per lease")
+    ap.add_argument("--timeout", type=float, default=Config.timeout, help="heartbeat timeout (s)")
+    ap.add_argument(
+        "--token-file",
+        help="file holding the shared token (else $STOKER_COORDINATOR_TOKEN); required off loopback",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from stoker.coordinator.service import Coordinator, Server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s stoker-coordinator %(message)s")
+    token = os.environ.get("STOKER_COORDINATOR_TOKEN") or None
+    if args.token_file:
+        token = Path(args.token_file).read_text().strip() or None
+    manifest_json = index = b""
+    if args.dataset:
+        if not args.seq_len:
+            raise ConfigError("--dataset needs --seq-len")
+        from stoker.formats.tokens import TokenSource
+
+        source = TokenSource(args.dataset)
+        m = source.manifest
+        num_samples = (m.num_tokens - 1) // args.seq_len
+        manifest_json = source.storage.read("manifest.json")
+        index = source.storage.read(m.index.path)
+    else:
+        num_samples = args.num_samples
+    config = Config(lease_size=args.lease_size, timeout=args.timeout)
+    coordinator = Coordinator(
+        num_samples,
+        args.world,
+        args.state,
+        args.job,
+        config=config,
+        drop_remainder=args.drop_remainder,
+        manifest_json=manifest_json,
+        index=index,
+    )
+    server = Server(coordinator, args.bind, token).start()
+    print(
+        f"stoker coordinator: serving {server.address} (epoch {coordinator.table.epoch})",
+        flush=True,
+    )
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    server.stop(grace=2)
+    return 0

@@ -1,0 +1,128 @@
+"""A consumer's handle on the coordinator: retries through outages, typed refusals.
+
+Holds only its settings, so it pickles into DataLoader workers; each process
+opens its own channel. Calls that fail because the coordinator is unreachable
+(UNAVAILABLE, DEADLINE_EXCEEDED) are retried with exponential backoff for up to
+``retry_for`` seconds, which rides out a coordinator restart; every call is
+safe to repeat (see :mod:`stoker.coordinator.leases`). A refusal (expired
+consumer, unknown lease, wrong epoch, ...) raises :class:`LeaseRejected` with
+the coordinator's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import grpc
+
+from stoker._proto import coordinator_pb2 as pb
+from stoker._proto import coordinator_pb2_grpc as pb_grpc
+from stoker.errors import StokerError
+
+_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class LeaseRejected(StokerError, RuntimeError):
+    """The coordinator refused a request; ``code`` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code})")
+        self.code = code
+
+
+class CoordinatorUnavailable(StokerError, ConnectionError):
+    """The coordinator did not answer within the retry window."""
+
+
+class CoordinatorClient:
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        *,
+        timeout: float = 10.0,
+        retry_for: float = 120.0,
+    ) -> None:
+        self.address = address
+        self.token = token
+        self.timeout = timeout
+        self.retry_for = retry_for
+        self._pid: int | None = None
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        self.retries = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_pid=None, _channel=None, _stub=None)
+        return state
+
+    def __repr__(self) -> str:  # never print the token
+        return f"CoordinatorClient({self.address!r})"
+
+    def _stub_now(self) -> Any:
+        if self._pid != os.getpid() or self._stub is None:
+            self._pid = os.getpid()
+            self._channel = grpc.insecure_channel(self.address)
+            self._stub = pb_grpc.CoordinatorStub(self._channel)
+        return self._stub
+
+    def _call(self, name: str, request: Any) -> Any:
+        metadata = [("authorization", f"Bearer {self.token}")] if self.token else None
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.05
+        while True:
+            try:
+                return getattr(self._stub_now(), name)(
+                    request, timeout=self.timeout, metadata=metadata
+                )
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code not in _RETRY:
+                    raise LeaseRejected(code.name, exc.details() or "") from None
+                if time.monotonic() + delay > deadline:
+                    raise CoordinatorUnavailable(
+                        f"coordinator at {self.address} did not answer for {self.retry_for:.0f} s "
+                        f"({exc.details()})"
+                    ) from None
+                self.retries += 1
+                time.sleep(delay)  # backoff while the coordinator is away
+                delay = min(delay * 2, 2.0)
+
+    # -- calls -------------------------------------------------------------------------
+    def register(self, rank: int, worker: int, node: str = "") -> tuple[int, int]:
+        r = self._call("Register", pb.RegisterRequest(rank=rank, worker=worker, node=node))
+        return int(r.consumer), int(r.epoch)
+
+    def lease(self, consumer: int, epoch: int, held: list[int]) -> pb.LeaseReply:
+        return self._call("Lease", pb.LeaseRequest(consumer=consumer, epoch=epoch, held=held))
+
+    def heartbeat(
+        self, consumer: int, epoch: int, lease: int = 0, read: int = 0
+    ) -> dict[int, tuple[int, int]]:
+        r = self._call(
+            "Heartbeat",
+            pb.HeartbeatRequest(consumer=consumer, epoch=epoch, lease=lease, read=read),
+        )
+        return {int(x.lease): (int(x.end), int(x.horizon)) for x in r.leases}
+
+    def confirm(self, consumer: int, epoch: int, lease: int, upto: int) -> bool:
+        r = self._call(
+            "Confirm", pb.ConfirmRequest(consumer=consumer, epoch=epoch, lease=lease, upto=upto)
+        )
+        return bool(r.lease_done)
+
+    def checkpoint(self) -> dict[str, Any]:
+        return dict(json.loads(self._call("Checkpoint", pb.CheckpointRequest()).snapshot_json))
+
+    def dataset(self) -> tuple[bytes, bytes]:
+        r = self._call("Dataset", pb.DatasetRequest())
+        return bytes(r.manifest_json), bytes(r.index)
+
+    def close(self) -> None:
+        if self._channel is not None and self._pid == os.getpid():
+            self._channel.close()
+        self._channel = self._stub = None

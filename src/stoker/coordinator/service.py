@@ -1,0 +1,290 @@
+"""The coordinator's gRPC service: the lease table behind a lock, journaled before it answers.
+
+Every call that changes the table is written to the journal (one segment per
+call) before the reply leaves, so a coordinator killed with SIGKILL and
+restarted replays exactly what its consumers were told. Epochs follow one
+another: when every rank has its positions and all are consumed, the next
+epoch's table begins with the positions left over plus the next data epoch.
+
+It binds loopback by default; on any other address it requires a shared token
+(``authorization: Bearer <token>`` metadata), compared in constant time and
+never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import threading
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from stoker import intervals, plan
+from stoker._proto import coordinator_pb2 as pb
+from stoker._proto import coordinator_pb2_grpc as pb_grpc
+from stoker.coordinator.journal import Journal
+from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
+from stoker.errors import ConfigError
+
+log = logging.getLogger("stoker.coordinator")
+
+_CODES = {
+    "unknown_consumer": grpc.StatusCode.NOT_FOUND,
+    "unknown_lease": grpc.StatusCode.NOT_FOUND,
+    "expired_consumer": grpc.StatusCode.FAILED_PRECONDITION,
+    "wrong_epoch": grpc.StatusCode.FAILED_PRECONDITION,
+    "bad_range": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_rank": grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def is_loopback(bind: str) -> bool:
+    host = bind.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Auth(grpc.ServerInterceptor):
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+        def deny(request: Any, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong coordinator token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        got = dict(details.invocation_metadata).get("authorization", "")
+        if hmac.compare_digest(got.encode(), self._expected):
+            return continuation(details)
+        return self._deny
+
+
+class Coordinator(pb_grpc.CoordinatorServicer):
+    """Leases of a job's epochs over ``num_samples`` samples and ``world`` ranks."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        world: int,
+        state_url: str,
+        job: str = "job",
+        *,
+        config: Config | None = None,
+        drop_remainder: bool = False,
+        manifest_json: bytes = b"",
+        index: bytes = b"",
+        storage_options: dict[str, Any] | None = None,
+        clock: Any = time.time,  # wall clock: the journal's times outlive the process
+    ) -> None:
+        self.num_samples = num_samples
+        self.world = world
+        self.config = config or Config()
+        self.drop_remainder = drop_remainder
+        self.manifest_json, self.index = manifest_json, index
+        self.clock = clock
+        self.journal = Journal(state_url, job, storage_options)
+        self._lock = threading.Lock()
+        self._flushed = 0
+        events = [Event.from_json(e) for e in self.journal.read()]
+        tables = _split_epochs(events)
+        # the epoch before the current one answers its consumers' last calls (DONE, retries)
+        self.previous: LeaseTable | None = None
+        if len(tables) > 1:
+            self.previous = LeaseTable.replay(tables[-2], self.config)
+        if tables:
+            self.table = LeaseTable.replay(tables[-1], self.config)
+            self._flushed = len(self.table.events)
+            self.table.revive(self._now())
+            self._flush()
+            log.info("resumed epoch %d from the journal (%d events)", self.table.epoch, len(events))
+        else:
+            first = plan.first_epoch_set(0, num_samples, world, drop_remainder)
+            self.table = LeaseTable(0, _pairs(first), world, self.config)
+            self._flush()
+
+    # -- helpers ----------------------------------------------------------------------
+    def _flush(self) -> None:
+        """Journal what changed since the last flush (call with the lock held)."""
+        new = self.table.events[self._flushed :]
+        if new:
+            self.journal.append([e.to_json() for e in new])
+            self._flushed = len(self.table.events)
+
+    def _now(self) -> float:
+        return float(self.clock())
+
+    def _table(self, epoch: int) -> LeaseTable:
+        """The table of ``epoch``: the current one, or the one just finished (its consumers'
+        last calls get DONE, and retried confirms their answer; nothing there is journaled
+        because nothing there changes what was delivered)."""
+        if epoch == self.table.epoch:
+            return self.table
+        if self.previous is not None and epoch == self.previous.epoch:
+            return self.previous
+        raise LeaseError(
+            "wrong_epoch", f"request for epoch {epoch}, the coordinator is in {self.table.epoch}"
+        )
+
+    def _advance(self) -> None:
+        """Begin the next epoch once this one is done (call with the lock held)."""
+        t = self.table
+        if not t.done:
+            return
+        fresh = [((t.epoch + 1) * self.num_samples, (t.epoch + 2) * self.num_samples)]
+        nxt = fresh if self.drop_remainder else _pairs(intervals.make(t.leftover() + fresh))
+        self._flush()
+        self.previous = t
+        self.table = LeaseTable(t.epoch + 1, nxt, self.world, self.config)
+        self._flushed = 0
+        self._flush()
+        log.info("epoch %d done; epoch %d begins", t.epoch, t.epoch + 1)
+
+    def _call(self, context: grpc.ServicerContext, fn: Any) -> Any:
+        with self._lock:
+            try:
+                out = fn()
+            except LeaseError as exc:
+                self._flush()
+                context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+            self._flush()
+            self._advance()
+            return out
+
+    def expire(self) -> list[int]:
+        with self._lock:
+            gone = self.table.expire(self._now())
+            self._flush()
+            return gone
+
+    # -- RPCs ---------------------------------------------------------------------------
+    def Register(
+        self, request: pb.RegisterRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterReply:
+        def go() -> pb.RegisterReply:
+            cid = self.table.register(request.rank, request.worker, self._now())
+            return pb.RegisterReply(consumer=cid, epoch=self.table.epoch)
+
+        return self._call(context, go)
+
+    def Lease(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
+        def go() -> pb.LeaseReply:
+            g = self._table(request.epoch).request(
+                request.consumer, self._now(), list(request.held)
+            )
+            if g is None:
+                return pb.LeaseReply(status=pb.LeaseReply.DONE)
+            if g is WAIT:
+                return pb.LeaseReply(status=pb.LeaseReply.WAIT)
+            return pb.LeaseReply(
+                status=pb.LeaseReply.GRANTED,
+                lease=g.lease,
+                start=g.start,
+                end=g.end,
+                horizon=g.horizon,
+            )
+
+        return self._call(context, go)
+
+    def Heartbeat(
+        self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
+    ) -> pb.HeartbeatReply:
+        def go() -> pb.HeartbeatReply:
+            limits = self._table(request.epoch).heartbeat(
+                request.consumer, self._now(), request.lease, request.read if request.lease else -1
+            )
+            return pb.HeartbeatReply(
+                leases=[pb.LeaseLimits(lease=k, end=e, horizon=h) for k, (e, h) in limits.items()]
+            )
+
+        return self._call(context, go)
+
+    def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmReply:
+        def go() -> pb.ConfirmReply:
+            table = self._table(request.epoch)
+            done = table.confirm(request.consumer, request.lease, request.upto, self._now())
+            return pb.ConfirmReply(lease_done=done)
+
+        return self._call(context, go)
+
+    def Checkpoint(
+        self, request: pb.CheckpointRequest, context: grpc.ServicerContext
+    ) -> pb.CheckpointReply:
+        with self._lock:
+            return pb.CheckpointReply(snapshot_json=json.dumps(self.table.snapshot()))
+
+    def Dataset(self, request: pb.DatasetRequest, context: grpc.ServicerContext) -> pb.DatasetReply:
+        return pb.DatasetReply(manifest_json=self.manifest_json, index=self.index)
+
+
+def _pairs(iv: Any) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, b in iv]
+
+
+def _split_epochs(events: list[Event]) -> list[list[Event]]:
+    """The journal's events cut at each ``begin`` (one list per epoch)."""
+    out: list[list[Event]] = []
+    for ev in events:
+        if ev.kind == "begin":
+            out.append([ev])
+        elif out:
+            out[-1].append(ev)
+    return out
+
+
+class Server:
+    """A running coordinator: gRPC server, expiry thread."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        bind: str = "127.0.0.1:0",
+        token: str | None = None,
+        threads: int = 16,
+    ) -> None:
+        if not is_loopback(bind) and not token:
+            raise ConfigError(
+                f"the coordinator binds {bind}, which is not loopback: give it a shared token "
+                "(--token-file or STOKER_COORDINATOR_TOKEN)"
+            )
+        self.coordinator = coordinator
+        interceptors = [_Auth(token)] if token else []
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads), interceptors=interceptors
+        )
+        pb_grpc.add_CoordinatorServicer_to_server(coordinator, self.server)
+        self.port = self.server.add_insecure_port(bind)
+        if self.port == 0:
+            raise ConfigError(f"could not bind the coordinator to {bind}")
+        self.address = f"{bind.rsplit(':', 1)[0]}:{self.port}"
+        self._stop = threading.Event()
+        self._expiry = threading.Thread(target=self._expire_loop, daemon=True, name="stoker-expiry")
+
+    def _expire_loop(self) -> None:
+        period = max(0.05, coordinator_timeout(self.coordinator) / 4)
+        while not self._stop.wait(period):
+            gone = self.coordinator.expire()
+            if gone:
+                log.info("consumers %s went silent; their leases are back in the queue", gone)
+
+    def start(self) -> Server:
+        self.server.start()
+        self._expiry.start()
+        return self
+
+    def stop(self, grace: float | None = None) -> None:
+        self._stop.set()
+        self.server.stop(grace)
+
+
+def coordinator_timeout(c: Coordinator) -> float:
+    return c.config.timeout

@@ -1,0 +1,159 @@
+"""The coordinator as a real process, with real consumer processes and SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from stoker.coordinator.client import CoordinatorClient, LeaseRejected
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from servers import free_port
+
+CONSUMER = Path(__file__).with_name("_lease_consumer.py")
+
+
+class Coordinators:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        self.output: dict[subprocess.Popen[str], str] = {}
+
+    def start(self, *args: str) -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stoker.cli", "coordinator", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "serving" in line:
+                self.output[proc] = "".join(seen)
+                return proc, line.split("serving ")[1].split()[0]
+        raise AssertionError("coordinator did not start:\n" + "".join(seen))
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def coordinators():
+    c = Coordinators()
+    yield c
+    c.close()
+
+
+def consumer(cfg: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(CONSUMER), json.dumps(cfg)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> int:
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, f"consumer failed:\n{out}\n{err}"
+    return int(out.strip().splitlines()[-1].split()[1])
+
+
+def delivered(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_coordinator_killed_mid_epoch_loses_and_repeats_nothing(
+    tmp_path: Path, coordinators: Coordinators
+) -> None:
+    port = free_port()
+    args = ["--bind", f"127.0.0.1:{port}", "--state", str(tmp_path / "state"), "--world", "2",
+            "--num-samples", "2000", "--lease-size", "50", "--timeout", "30"]  # fmt: skip
+    first, address = coordinators.start(*args)
+    procs, outs = [], []
+    for i, (rank, worker) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        out = tmp_path / f"c{i}.txt"
+        cfg = dict(address=address, rank=rank, worker=worker, out=str(out), step=7,
+                   pause_after=5 if i == 0 else None, delay=0.01 if i == 3 else 0)  # fmt: skip
+        procs.append(consumer(cfg))
+        outs.append(out)
+    for proc in procs:  # every consumer joined epoch 0 before anything else happens
+        assert proc.stdout is not None and proc.stdout.readline().split()[::2] == [
+            "registered",
+            "0",
+        ]
+    assert procs[0].stdout.readline().strip() == "paused"  # type: ignore[union-attr]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    coordinators.start(*args)  # same port, same journal
+    procs[0].stdin.write("go\n")  # type: ignore[union-attr]
+    procs[0].stdin.flush()  # type: ignore[union-attr]
+    counts = [finish(p) for p in procs]
+    got = [p for out in outs for p in delivered(out)]
+    dupes = [p for p, n in Counter(got).items() if n > 1]
+    assert not dupes, f"delivered twice: {dupes[:10]}"
+    assert sorted(got) == list(range(2000))
+    assert counts[0] + counts[1] == counts[2] + counts[3] == 1000  # equal per rank
+
+
+def test_refusals_name_the_reason(tmp_path: Path, coordinators: Coordinators) -> None:
+    _, address = coordinators.start(
+        "--state", str(tmp_path / "s"), "--world", "2", "--num-samples", "100"
+    )
+    client = CoordinatorClient(address, retry_for=5)
+    cid, epoch = client.register(0, 0)
+    with pytest.raises(LeaseRejected, match=r"epoch 7.*coordinator is in 0") as err:
+        client.lease(cid, 7, [])
+    assert err.value.code == "FAILED_PRECONDITION"
+    with pytest.raises(LeaseRejected, match="never registered") as err:
+        client.lease(12345, epoch, [])
+    assert err.value.code == "NOT_FOUND"
+    with pytest.raises(LeaseRejected, match="outside the job's world"):
+        client.register(5, 0)
+    r = client.lease(cid, epoch, [])
+    with pytest.raises(LeaseRejected, match="outside") as err:
+        client.heartbeat(cid, epoch, r.lease, r.horizon + 1)  # beyond the read horizon
+    assert err.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(LeaseRejected, match="not held"):
+        client.confirm(cid, epoch, r.lease + 99, 1)
+    # the table is intact: the lease is still usable
+    client.heartbeat(cid, epoch, r.lease, r.horizon)
+    client.confirm(cid, epoch, r.lease, r.horizon)
+
+
+def test_off_loopback_needs_a_token(tmp_path: Path, coordinators: Coordinators) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "coordinator", "--bind", "0.0.0.0:0", "--state",
+         str(tmp_path / "s"), "--world", "1", "--num-samples", "10"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "shared token" in proc.stderr
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    port = free_port()
+    proc, _ = coordinators.start("--bind", f"0.0.0.0:{port}", "--state", str(tmp_path / "s"),
+                                 "--world", "1", "--num-samples", "10", "--token-file", str(token))  # fmt: skip
+    address = f"127.0.0.1:{port}"  # reached over loopback; the token is still required
+    with pytest.raises(LeaseRejected) as err:
+        CoordinatorClient(address, retry_for=5).register(0, 0)
+    assert err.value.code == grpc.StatusCode.UNAUTHENTICATED.name
+    with pytest.raises(LeaseRejected):
+        CoordinatorClient(address, token="wrong", retry_for=5).register(0, 0)
+    assert CoordinatorClient(address, token="s3cret-token").register(0, 0)[0] >= 1
+    proc.terminate()
+    rest, _ = proc.communicate(timeout=30)
+    assert "s3cret" not in coordinators.output[proc] + rest  # the token is never logged
