@@ -23,7 +23,7 @@ import multiprocessing as mp
 import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,10 @@ from stoker import errors
 from stoker.errors import ConfigError, StokerError
 from stoker.loader import state as st
 from stoker.loader.dataset import TokenDataset
+
+if TYPE_CHECKING:
+    from stoker.coordinator.client import CoordinatorClient
+    from stoker.loader.dynamic import DynamicEpoch
 
 
 class WorkerError(StokerError, RuntimeError):
@@ -101,6 +105,11 @@ class TokenLoader:
     Each batch is a dict: ``tokens`` (B, seq_len + 1) int64, ``sample_id``
     (B,) int64 and ``doc_start_mask`` (B, seq_len + 1) bool. The last batch of
     an epoch may be shorter. Iterating again runs the next epoch.
+
+    With ``coordinator`` (a :class:`~stoker.coordinator.client.CoordinatorClient`)
+    positions come from the coordinator's leases instead of the static plan
+    (see :mod:`stoker.loader.dynamic`): work stealing between consumers, and
+    exactly-once delivery when consumers fail. The epoch is the coordinator's.
     """
 
     def __init__(
@@ -111,6 +120,7 @@ class TokenLoader:
         prefetch: int = 4,
         zero_copy: bool = False,
         timeout: float = 300.0,
+        coordinator: CoordinatorClient | None = None,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
@@ -121,7 +131,9 @@ class TokenLoader:
         self.prefetch = prefetch
         self.zero_copy = zero_copy
         self.timeout = timeout
+        self.coordinator = coordinator
         self._progress: st.Progress | None = None
+        self.last_epoch: DynamicEpoch | None = None
 
     @property
     def batch_size(self) -> int:
@@ -143,6 +155,14 @@ class TokenLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         ds = self.dataset
         pl = ds._placement()
+        if self.coordinator is not None:
+            from stoker.loader.dynamic import DynamicEpoch
+
+            self.last_epoch = DynamicEpoch(
+                ds, self.coordinator, pl.rank, self.num_workers, self.prefetch
+            )
+            yield from self.last_epoch
+            return
         progress, _ = ds._start(pl)
         if self.num_workers == 0:
             yield from self._in_process(progress, pl.rank)

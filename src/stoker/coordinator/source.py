@@ -1,0 +1,94 @@
+"""The dynamic lease source: one consumer's positions from the coordinator, a batch at a time.
+
+The static plan hands a worker its positions by arithmetic (``plan.worker_indices``);
+this source hands them out by leases. A consumer registers, takes leases, reads
+only below each lease's horizon (asking for more read-ahead when it gets
+there), and reports its read position, which is also how the coordinator
+learns its rate. Each batch comes with the ``(lease, upto)`` segments that the
+rank's main process must confirm before the batch reaches training.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from stoker._proto import coordinator_pb2 as pb
+from stoker.coordinator.client import CoordinatorClient
+
+
+@dataclass
+class _Held:
+    end: int
+    horizon: int
+    read: int
+
+
+class LeaseStream:
+    """Positions for consumer (``rank``, ``worker``) of the coordinator's current epoch."""
+
+    def __init__(
+        self, client: CoordinatorClient, rank: int, worker: int, wait: float = 0.02
+    ) -> None:
+        self.client = client
+        self.consumer, self.epoch = client.register(rank, worker)
+        self.wait = wait
+        self._held: dict[int, _Held] = {}
+        # every lease granted to us this epoch: a lease read to its end is not confirmed
+        # until the rank's main process hands its batch out, so it must not be re-granted
+        self._granted: set[int] = set()
+
+    def _update(self, limits: dict[int, tuple[int, int]]) -> None:
+        for lease, (end, horizon) in limits.items():
+            h = self._held.get(lease)
+            if h is not None:
+                h.end, h.horizon = end, horizon
+
+    def _next_lease(self) -> int | None:
+        """A lease with positions left to read, or None when the epoch has none for us."""
+        while True:
+            for lease, h in sorted(self._held.items()):
+                if h.read < h.end:
+                    return lease
+                del self._held[lease]
+            r = self.client.lease(self.consumer, self.epoch, sorted(self._granted))
+            if r.status == pb.LeaseReply.GRANTED:
+                self._held[int(r.lease)] = _Held(int(r.end), int(r.horizon), int(r.start))
+                self._granted.add(int(r.lease))
+                continue
+            if r.status == pb.LeaseReply.DONE:
+                return None
+            time.sleep(self.wait)  # WAIT: every position is in someone's lease; ask again
+            self._update(self.client.heartbeat(self.consumer, self.epoch))
+
+    def batches(self, size: int) -> Iterator[tuple[np.ndarray, list[tuple[int, int, int]]]]:
+        """``(positions, segments)`` of up to ``size`` positions; the last may be shorter.
+
+        A segment ``(lease, upto, rows)`` says the next ``rows`` rows of the batch are
+        positions of ``lease`` up to ``upto``; confirm ``(lease, upto)`` before use.
+        """
+        parts: list[np.ndarray] = []
+        segments: list[tuple[int, int, int]] = []
+        have = 0
+        while True:
+            lease = self._next_lease()
+            if lease is None:
+                break
+            h = self._held[lease]
+            if h.read >= h.horizon:  # at the read horizon: report, and get more read-ahead
+                self._update(self.client.heartbeat(self.consumer, self.epoch, lease, h.read))
+                continue
+            upto = min(h.horizon, h.end, h.read + size - have)
+            parts.append(np.arange(h.read, upto, dtype=np.int64))
+            segments.append((lease, upto, upto - h.read))
+            have += upto - h.read
+            h.read = upto
+            if have == size:
+                self._update(self.client.heartbeat(self.consumer, self.epoch, lease, upto))
+                yield np.concatenate(parts), segments
+                parts, segments, have = [], [], 0
+        if have:
+            yield np.concatenate(parts), segments
