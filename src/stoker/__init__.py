@@ -29,6 +29,16 @@ from stoker.storage import RetryPolicy, Storage
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # the coordinator's client pulls in grpc; import it only when asked for
+    if name in ("CoordinatorClient", "LeaseRejected", "CoordinatorUnavailable"):
+        from stoker.coordinator import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+
+
 __all__ = [
     "AgentClient",
     "AgentError",
@@ -36,9 +46,12 @@ __all__ = [
     "BlockCache",
     "ChecksumError",
     "ConfigError",
+    "CoordinatorClient",
+    "CoordinatorUnavailable",
     "DatasetError",
     "DiskCache",
     "InputError",
+    "LeaseRejected",
     "Manifest",
     "ManifestError",
     "NullCache",

@@ -51,3 +51,19 @@ def test_agent_remote_quick_fetches_each_block_once() -> None:
         assert run["samples"] > 0
     two = next(r for r in out["runs"] if r["procs"] == 2 and not r["agent"])
     assert two["remote_bytes"] > out["stored"]  # without the agent both ranks fetch
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_coordinator_bench_quick_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/coordinator_bench.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = json.loads((ROOT / "benchmarks/.work/coordinator-quick.json").read_text())
+    assert out["load"]["lease_per_s"] > 0
+    st = out["straggler"]
+    assert max(st["dynamic"]) < min(st["static"])  # stealing beats the static split

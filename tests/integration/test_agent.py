@@ -437,8 +437,11 @@ def test_metrics_endpoint(serve_dir, dataset: Written, tmp_path: Path, agents: A
     assert values["stoker_agent_remote_read_bytes_total"] == sum(spans)
     hits = values['stoker_agent_memory_requests_total{result="hit"}']
     misses = values['stoker_agent_memory_requests_total{result="miss"}']
-    assert misses >= 1 and hits + misses >= needed  # prefetched blocks count as hits
+    # every block was asked for at least once; a block prefetched before it was asked
+    # for counts as a hit (timing decides which), so only the sum is fixed
+    assert hits + misses >= needed
     assert values["stoker_agent_decodes_total"] == needed
+    assert 0 < values["stoker_agent_prefetches_total"] <= needed
     assert values["stoker_agent_remote_latency_seconds_count"] == needed
     assert values["stoker_agent_pinned_bytes"] == 0
     assert m.num_blocks >= needed

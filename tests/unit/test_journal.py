@@ -10,6 +10,8 @@ from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import Config, Event, LeaseTable
 from stoker.errors import StateError
 
+CFG = Config(lease_size=5, min_readahead=3)
+
 
 def _run(table: LeaseTable, journal: Journal) -> None:
     """A few consumers work; the journal is flushed after every call, as the service does."""
@@ -31,30 +33,45 @@ def _run(table: LeaseTable, journal: Journal) -> None:
         flush()
 
 
+def _segments(root: Path) -> list[Path]:
+    return sorted((root / "journal" / "job").iterdir())
+
+
 def test_replay_of_the_journal_is_the_live_table(tmp_path: Path) -> None:
-    cfg = Config(lease_size=5, min_readahead=3)
-    live = LeaseTable(2, [(0, 40)], world=2, config=cfg)
-    _run(live, Journal(str(tmp_path / "state"), "job"))
-    again = Journal(str(tmp_path / "state"), "job")  # a restarted coordinator
-    replayed = LeaseTable.replay([Event.from_json(e) for e in again.read()], cfg)
+    live = LeaseTable(2, [(0, 40)], world=2, config=CFG)
+    first = Journal(str(tmp_path), "job")
+    _run(live, first)
+    first.close()
+    again = Journal(str(tmp_path), "job")  # a restarted coordinator
+    replayed = LeaseTable.replay([Event.from_json(e) for e in again.read()], CFG)
     assert replayed.state() == live.state()
-    assert again.append([{"kind": "expire", "now": 9.0, "args": {}}]) == len(
-        list((tmp_path / "state" / "journal" / "job").iterdir())
-    )
+    # the restarted one appends to a segment of its own
+    assert again.append([{"kind": "expire", "now": 9.0, "args": {}}]) == 2
+    assert len(_segments(tmp_path)) == 2
 
 
-def test_a_missing_or_damaged_segment_stops_the_replay(tmp_path: Path) -> None:
-    cfg = Config(lease_size=5, min_readahead=3)
-    for name in ("gap", "damaged"):
-        _run(LeaseTable(0, [(0, 40)], world=2, config=cfg), Journal(str(tmp_path / name), "j"))
-    segs = sorted((tmp_path / "gap" / "journal" / "j").iterdir())
-    segs[2].unlink()
-    with pytest.raises(StateError, match="segment 3 is missing"):
-        Journal(str(tmp_path / "gap"), "j").read()
-    last = sorted((tmp_path / "damaged" / "journal" / "j").iterdir())[-1]
-    last.write_text(last.read_text() + "{not json\n")
+def test_a_torn_last_line_is_skipped_and_other_damage_stops_the_replay(tmp_path: Path) -> None:
+    live = LeaseTable(0, [(0, 40)], world=2, config=CFG)
+    j = Journal(str(tmp_path), "job")
+    _run(live, j)
+    j.close()
+    n = len(Journal(str(tmp_path), "job").read())
+    seg = _segments(tmp_path)[-1]
+    seg.write_bytes(seg.read_bytes() + b'{"kind":"expi')  # a crash in the middle of a write
+    assert len(Journal(str(tmp_path), "job").read()) == n
+    seg.write_bytes(seg.read_bytes() + b"\n")  # a whole line that does not parse
     with pytest.raises(StateError, match=r"line \d+: corrupt journal entry"):
-        Journal(str(tmp_path / "damaged"), "j").read()
+        Journal(str(tmp_path), "job").read()
+
+
+def test_a_missing_segment_stops_the_replay(tmp_path: Path) -> None:
+    for _ in range(3):  # three coordinator lives, one segment each
+        j = Journal(str(tmp_path), "job")
+        j.append([{"kind": "expire", "now": 1.0, "args": {}}])
+        j.close()
+    _segments(tmp_path)[1].unlink()
+    with pytest.raises(StateError, match="segment 2 is missing"):
+        Journal(str(tmp_path), "job").read()
 
 
 def test_job_names_cannot_escape(tmp_path: Path) -> None:

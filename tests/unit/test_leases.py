@@ -233,7 +233,8 @@ def test_an_idle_consumer_steals_from_the_slowest() -> None:
     a = t.request(slow, 0.0)
     b = t.request(fast, 0.0)
     assert (a.start, a.end, b.start, b.end) == (0, 100, 100, 200)
-    t.heartbeat(slow, 1.0, a.lease, 4)  # 4 positions per second
+    t.heartbeat(slow, 1.0, a.lease, 4)
+    t.confirm(slow, a.lease, 4, 1.0)  # consumes 4 positions per second
     for pos in range(4, 100, 4):  # fast reads its whole lease at 100/s
         t.heartbeat(fast, 1.0 + pos / 100, b.lease, min(100 + pos, t.leases[b.lease].horizon))
     t.heartbeat(fast, 2.0, b.lease, t.leases[b.lease].horizon)
@@ -245,9 +246,12 @@ def test_an_idle_consumer_steals_from_the_slowest() -> None:
     c = t.request(fast, 2.0)
     assert c.stolen_from == slow
     horizon = max(t.leases[a.lease].horizon, t.leases[a.lease].read)
-    assert horizon <= c.start and c.end == 100  # the far half of the unread part
+    assert horizon <= c.start and c.end == 100  # the far part of the unread part
     assert t.leases[a.lease].end == c.start
-    assert 100 - c.start == (100 - horizon) // 2
+    # sized by the rates: the fast thief takes most of what the slow victim has left
+    rs, rf = t.consumers[slow].rate, t.consumers[fast].rate
+    assert rf > 5 * rs
+    assert 100 - c.start == round((100 - horizon) * rf / (rf + rs))
 
 
 def test_silent_consumer_is_requeued_and_its_late_confirm_refused() -> None:

@@ -121,6 +121,11 @@ class AgentCollector:
         )
         yield CounterMetricFamily("stoker_agent_decodes", "Blocks decoded", value=s["decodes"])
         yield CounterMetricFamily(
+            "stoker_agent_prefetches",
+            "Block loads started ahead of a request",
+            value=s["prefetches"],
+        )
+        yield CounterMetricFamily(
             "stoker_agent_inline_fallbacks",
             "Blocks served inline because the memory tier had no room",
             value=s["inline_fallbacks"],

@@ -26,6 +26,18 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lease-size", type=int, default=Config.lease_size, help="positions per lease")
     ap.add_argument("--timeout", type=float, default=Config.timeout, help="heartbeat timeout (s)")
     ap.add_argument(
+        "--readahead",
+        type=float,
+        default=Config.readahead_seconds,
+        help="seconds of a consumer's rate it may read ahead of its report (the rest can be stolen)",
+    )
+    ap.add_argument(
+        "--min-readahead",
+        type=int,
+        default=Config.min_readahead,
+        help="positions a consumer may always read ahead",
+    )
+    ap.add_argument(
         "--token-file",
         help="file holding the shared token (else $STOKER_COORDINATOR_TOKEN); required off loopback",
     )
@@ -51,7 +63,12 @@ def run(args: argparse.Namespace) -> int:
         index = source.storage.read(m.index.path)
     else:
         num_samples = args.num_samples
-    config = Config(lease_size=args.lease_size, timeout=args.timeout)
+    config = Config(
+        lease_size=args.lease_size,
+        timeout=args.timeout,
+        readahead_seconds=args.readahead,
+        min_readahead=args.min_readahead,
+    )
     coordinator = Coordinator(
         num_samples,
         args.world,

@@ -18,9 +18,11 @@ Vocabulary (positions are stream positions of the epoch, see ``plan.py``):
   is dropped. So a position reaches training at most once, and a consumer that
   goes silent has ``[confirmed, end)`` put back in the queue: exactly once;
 * **work stealing**: when the queue is empty, the lease with the most time
-  left (unread positions beyond its horizon over its consumer's rate) is cut
-  in two and the idle consumer gets the far half. The victim never read past
-  its horizon, so nothing stolen was read.
+  left (unread positions over its consumer's rate) is cut in two and the idle
+  consumer gets the far part, sized in proportion to the two consumers' rates
+  so that both are expected to finish together. Only positions beyond the
+  victim's horizon move, and the victim never reads past its horizon, so
+  nothing stolen was read.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ class Consumer:
     rank: int
     worker: int
     last_seen: float
-    rate: float = 0.0  # positions per second (exponentially weighted), 0 = unknown
+    rate: float = 0.0  # positions consumed per second since it registered, 0 = unknown
+    since: float = 0.0  # when it registered
+    read_total: int = 0  # positions of its leases confirmed
     alive: bool = True
     leases: list[int] = field(default_factory=list)
 
@@ -164,7 +168,7 @@ class LeaseTable:
             raise LeaseError("bad_rank", f"rank {rank} is outside the job's world of {self.world}")
         cid = self._next_consumer
         self._next_consumer += 1
-        self.consumers[cid] = Consumer(cid, rank, worker, now)
+        self.consumers[cid] = Consumer(cid, rank, worker, now, since=now)
         self._record("register", now, rank=rank, worker=worker)
         return cid
 
@@ -262,8 +266,12 @@ class LeaseTable:
                 best, best_time = ls, left
         if best is None:
             return None
-        half = best.unread_beyond_horizon // 2
-        moved = half if best.rank == thief.rank else min(room, half)
+        # split in proportion to the two rates, so both are expected to finish together
+        victim_rate = self.consumers[best.consumer].rate or fallback
+        thief_rate = thief.rate or fallback
+        share = best.unread_beyond_horizon * thief_rate / (thief_rate + victim_rate)
+        share = max(1, min(best.unread_beyond_horizon - 1, round(share)))
+        moved = share if best.rank == thief.rank else min(room, share)
         if moved < 1:
             return None
         mid = best.end - moved
@@ -291,10 +299,6 @@ class LeaseTable:
                     f"lease {lease}: read position {read} outside [{ls.read}, {ls.horizon}] "
                     "(positions go forward and stay below the horizon)",
                 )
-            dt = now - c.last_seen
-            if dt > 0 and read > ls.read:
-                inst = (read - ls.read) / dt
-                c.rate = inst if c.rate == 0 else 0.7 * c.rate + 0.3 * inst
             ls.read = read
         c.last_seen = now
         out = {}
@@ -304,6 +308,17 @@ class LeaseTable:
             out[lid] = (ls.end, ls.horizon)
         self._record("heartbeat", now, consumer=consumer, lease=lease, read=read)
         return out
+
+    @staticmethod
+    def _consumed(c: Consumer, n: int, now: float) -> None:
+        """``c``'s rank consumed ``n`` more of its positions: update its rate.
+
+        The rate is measured on consumption, not on reads: a consumer reads ahead
+        (prefetch) in bursts, so its reads would make a slow consumer look fast.
+        """
+        c.read_total += n
+        if now > c.since:
+            c.rate = c.read_total / (now - c.since)
 
     def confirm(self, consumer: int, lease: int, upto: int, now: float) -> bool:
         """Positions ``[confirmed, upto)`` of ``lease`` reach training (call before they do).
@@ -323,6 +338,7 @@ class LeaseTable:
             )
         if upto > ls.confirmed:
             _insert(self.consumed, (ls.confirmed, upto))
+            self._consumed(c, upto - ls.confirmed, now)
             ls.confirmed = upto
             ls.read = max(ls.read, upto)
         c.last_seen = now

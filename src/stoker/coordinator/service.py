@@ -93,8 +93,13 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.manifest_json, self.index = manifest_json, index
         self.clock = clock
         self.journal = Journal(state_url, job, storage_options)
-        self._lock = threading.Lock()
-        self._flushed = 0
+        self._lock = threading.Lock()  # the tables and the buffer
+        self._write_lock = threading.Lock()  # one journal write at a time
+        self._buffer: list[dict[str, Any]] = []
+        self._buffered = self._written = 0
+        self._stop = threading.Event()
+        self.write_interval = 0.05
+        self._taken = 0
         events = [Event.from_json(e) for e in self.journal.read()]
         tables = _split_epochs(events)
         # the epoch before the current one answers its consumers' last calls (DONE, retries)
@@ -103,22 +108,46 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             self.previous = LeaseTable.replay(tables[-2], self.config)
         if tables:
             self.table = LeaseTable.replay(tables[-1], self.config)
-            self._flushed = len(self.table.events)
+            self._taken = len(self.table.events)
             self.table.revive(self._now())
-            self._flush()
             log.info("resumed epoch %d from the journal (%d events)", self.table.epoch, len(events))
         else:
             first = plan.first_epoch_set(0, num_samples, world, drop_remainder)
             self.table = LeaseTable(0, _pairs(first), world, self.config)
-            self._flush()
+        self._sync(self._flush())
 
-    # -- helpers ----------------------------------------------------------------------
-    def _flush(self) -> None:
-        """Journal what changed since the last flush (call with the lock held)."""
-        new = self.table.events[self._flushed :]
+    # -- journal (group commit) ---------------------------------------------------------
+    def _flush(self) -> int:
+        """Move the table's new events to the journal buffer (call with the lock held);
+        returns how many events have been buffered in all, to wait for with :meth:`_sync`."""
+        new = self.table.events[self._taken :]
         if new:
-            self.journal.append([e.to_json() for e in new])
-            self._flushed = len(self.table.events)
+            self._buffer.extend(e.to_json() for e in new)
+            self._buffered += len(new)
+            self._taken = len(self.table.events)
+        return self._buffered
+
+    def _sync(self, upto: int) -> None:
+        """Return once the first ``upto`` buffered events are in the journal.
+
+        Callers that wait here together are written as one segment (group commit):
+        the first one to get the write lock writes everything buffered so far.
+        """
+        with self._write_lock:
+            if self._written >= upto:
+                return
+            with self._lock:
+                batch, self._buffer = self._buffer, []
+            if batch:
+                self.journal.append(batch)
+                self._written += len(batch)
+
+    def _writer(self) -> None:
+        """Write what calls that need not wait left behind, every ``write_interval``."""
+        while not self._stop.wait(self.write_interval):
+            with self._lock:
+                target = self._buffered
+            self._sync(target)
 
     def _now(self) -> float:
         return float(self.clock())
@@ -145,26 +174,46 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self._flush()
         self.previous = t
         self.table = LeaseTable(t.epoch + 1, nxt, self.world, self.config)
-        self._flushed = 0
+        self._taken = 0
         self._flush()
         log.info("epoch %d done; epoch %d begins", t.epoch, t.epoch + 1)
 
-    def _call(self, context: grpc.ServicerContext, fn: Any) -> Any:
+    def _call(self, context: grpc.ServicerContext, fn: Any, durable: bool) -> Any:
+        """Run ``fn`` on the table; a ``durable`` call answers only once it is journaled.
+
+        Confirms and registrations are durable: a consumer acts on them (hands a batch
+        to training, uses its id). A grant or heartbeat lost in a crash is harmless: the
+        restarted coordinator refuses the lease's confirms, so its rows are dropped and
+        delivered by whoever gets the positions next.
+        """
         with self._lock:
             try:
                 out = fn()
             except LeaseError as exc:
                 self._flush()
                 context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
-            self._flush()
+            mine = self._flush()
             self._advance()
-            return out
+        if durable:
+            self._sync(mine)
+        return out
 
     def expire(self) -> list[int]:
         with self._lock:
             gone = self.table.expire(self._now())
-            self._flush()
-            return gone
+            mine = self._flush()
+        self._sync(mine)
+        return gone
+
+    def start_writer(self) -> None:
+        threading.Thread(target=self._writer, daemon=True, name="stoker-journal").start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            target = self._buffered
+        self._sync(target)
+        self.journal.close()
 
     # -- RPCs ---------------------------------------------------------------------------
     def Register(
@@ -174,7 +223,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             cid = self.table.register(request.rank, request.worker, self._now())
             return pb.RegisterReply(consumer=cid, epoch=self.table.epoch)
 
-        return self._call(context, go)
+        return self._call(context, go, durable=True)
 
     def Lease(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
         def go() -> pb.LeaseReply:
@@ -193,7 +242,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                 horizon=g.horizon,
             )
 
-        return self._call(context, go)
+        return self._call(context, go, durable=False)
 
     def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
@@ -206,7 +255,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                 leases=[pb.LeaseLimits(lease=k, end=e, horizon=h) for k, (e, h) in limits.items()]
             )
 
-        return self._call(context, go)
+        return self._call(context, go, durable=False)
 
     def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmReply:
         def go() -> pb.ConfirmReply:
@@ -214,7 +263,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             done = table.confirm(request.consumer, request.lease, request.upto, self._now())
             return pb.ConfirmReply(lease_done=done)
 
-        return self._call(context, go)
+        return self._call(context, go, durable=True)
 
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
@@ -279,11 +328,13 @@ class Server:
     def start(self) -> Server:
         self.server.start()
         self._expiry.start()
+        self.coordinator.start_writer()
         return self
 
     def stop(self, grace: float | None = None) -> None:
         self._stop.set()
-        self.server.stop(grace)
+        self.server.stop(grace).wait()
+        self.coordinator.close()
 
 
 def coordinator_timeout(c: Coordinator) -> float:

@@ -87,7 +87,8 @@ class LeaseStream:
             have += upto - h.read
             h.read = upto
             if have == size:
-                self._update(self.client.heartbeat(self.consumer, self.epoch, lease, upto))
+                if h.horizon - h.read < size:  # the next batch would reach the horizon
+                    self._update(self.client.heartbeat(self.consumer, self.epoch, lease, upto))
                 yield np.concatenate(parts), segments
                 parts, segments, have = [], [], 0
         if have:
