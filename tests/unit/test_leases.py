@@ -84,6 +84,8 @@ class LeaseMachine(RuleBasedStateMachine):
             ls.confirmed,
             ls.end,
         )
+        assert ls.read == ls.confirmed  # it reads the lease again from there
+        self.table.heartbeat(cid, self.now, lost, ls.confirmed)
 
     @rule(data=hs.data(), dt=hs.floats(0, 3), step=hs.integers(0, 8))
     def read(self, data, dt: float, step: int) -> None:

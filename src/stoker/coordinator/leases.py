@@ -209,6 +209,7 @@ class LeaseTable:
         for lid in c.leases:
             if lid not in known:
                 ls = self.leases[lid]
+                ls.read = ls.confirmed  # it never got the grant, so it read nothing of it
                 grant = Grant(ls.id, ls.confirmed, ls.end, ls.horizon)
                 break
         if grant is None:
