@@ -330,6 +330,7 @@ class _Reader:
     """
 
     _RESCHEDULE = 512
+    _FIRST = 16  # the very first schedule loads only what these many samples need
 
     def __init__(
         self,
@@ -346,6 +347,7 @@ class _Reader:
         self.bt = source.manifest.block_tokens
         self.horizon = horizon
         self._table = np.full(source.manifest.num_blocks, NEVER, dtype=np.int64)
+        self._warm = False
         self._seq = np.zeros(0, dtype=np.int64)
         self._pos = 0
         self._scheduled = -1
@@ -416,6 +418,14 @@ class _Reader:
         future = self._seq[self._pos :] * self.L
         seq_blocks = np.stack([future // self.bt, (future + self.L) // self.bt], axis=1).reshape(-1)
         order, first = first_uses(seq_blocks, self._table)
+        if not self._warm:
+            # the first batch waits for its own blocks only: the rest of the window is
+            # scheduled once it is out, instead of competing with it for the cores
+            self._warm = True
+            needed = int((first < 2 * self._FIRST).sum())
+            self.arena.schedule(order, first // 2, ahead=max(1, needed))
+            self._scheduled = self._pos - self._RESCHEDULE + self._FIRST
+            return
         self.arena.schedule(order, first // 2, ahead=self.arena.slots)
 
     def _read(self, ids: np.ndarray, out: np.ndarray, mask: np.ndarray | None) -> None:
