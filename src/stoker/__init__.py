@@ -4,7 +4,6 @@ Public API; everything else is internal and may change.
 """
 
 from stoker.cache import BlockCache, DiskCache, NullCache
-from stoker.cache.client import AgentClient
 from stoker.errors import (
     AgentError,
     AgentRunningError,
@@ -31,7 +30,12 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # the coordinator's client pulls in grpc; import it only when asked for
+    # the agent's and the coordinator's clients pull in protobuf / grpc: import them only
+    # when asked for, so that `import stoker` stays quick
+    if name == "AgentClient":
+        from stoker.cache.client import AgentClient
+
+        return AgentClient
     if name in ("CoordinatorClient", "LeaseRejected", "CoordinatorUnavailable"):
         from stoker.coordinator import client
 

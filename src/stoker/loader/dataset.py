@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,12 +13,14 @@ from torch.utils.data import IterableDataset
 
 from stoker import intervals, plan
 from stoker.cache import BlockCache, DiskCache
-from stoker.cache.client import AgentClient
 from stoker.errors import ConfigError, StateError
 from stoker.formats.tokens import TokenSource
 from stoker.loader import state as st
 from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.distributed import Placement, detect
+
+if TYPE_CHECKING:
+    from stoker.cache.client import AgentClient
 
 #: Samples planned at a time; the reader looks one to two chunks ahead, far enough
 #: to decode the next shuffle window's blocks before the first of them is needed.
@@ -77,6 +79,8 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         if agent is None:
             agent = cache_dir is not None and cache is None
         if agent is True:
+            from stoker.cache.client import AgentClient
+
             agent = AgentClient(cache_dir, cache_limit, shm_limit)
         elif cache is None and cache_dir is not None:
             cache = DiskCache(cache_dir, cache_limit)

@@ -154,7 +154,7 @@ class DynamicEpoch:
             reader.close()
 
     def _from_workers(self) -> Iterator[tuple[int, Batch, Segments]]:
-        from stoker.loader.fast import WorkerError, _give_back, _Slots
+        from stoker.loader.fast import WorkerError, _give_back, _Slots, _stop_workers
 
         ds = self.ds
         ctx = mp.get_context("fork")
@@ -209,15 +209,4 @@ class DynamicEpoch:
                         _, kind, text, trace = msg
                         raise WorkerError(f"loader worker {w} failed ({kind}: {text}):\n{trace}")
         finally:
-            for conn in conns:
-                try:
-                    conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
-            for proc in procs:
-                proc.join(timeout=5)
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join(timeout=5)
-            for conn in conns:
-                conn.close()
+            _stop_workers(conns, procs)

@@ -99,6 +99,22 @@ def _give_back(conn: Connection, slot: int) -> None:
         pass
 
 
+def _stop_workers(conns: list[Connection], procs: list[Any]) -> None:
+    """Tell every worker to stop, wait for it (terminate one that hangs), close the pipes."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+    for conn in conns:
+        conn.close()
+
+
 class TokenLoader:
     """Batches of a :class:`TokenDataset` (its ``batch_size``), loaded by ``num_workers`` processes.
 
@@ -233,18 +249,7 @@ class TokenLoader:
                     yield self._batch(toks, ids, mask)
                     _give_back(conns[w], slot)
         finally:
-            for conn in conns:
-                try:
-                    conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
-            for proc in procs:
-                proc.join(timeout=5)
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join(timeout=5)
-            for conn in conns:
-                conn.close()
+            _stop_workers(conns, procs)
 
     def _receive(self, conn: Connection, proc: Any, w: int) -> tuple[int, int]:
         waited = 0.0
