@@ -27,11 +27,15 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Written:
 
 @pytest.fixture
 def coordinator(tmp_path: Path, dataset: Written):
-    def start(world: int, lease_size: int = 40):
+    def start(world: int, lease_size: int = 40, restore: str | None = None):
+        for p in procs:  # one coordinator at a time: a new one replaces the last
+            p.kill()
+            p.wait()
+        extra = ["--restore", restore] if restore else []
         proc = subprocess.Popen(
             [sys.executable, "-m", "stoker.cli", "coordinator", "--state", str(tmp_path / "state"),
              "--world", str(world), "--dataset", str(dataset.path), "--seq-len", str(SEQ_LEN),
-             "--lease-size", str(lease_size)],
+             "--lease-size", str(lease_size), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         procs.append(proc)
@@ -73,3 +77,70 @@ def test_two_ranks_through_the_coordinator(coordinator, dataset: Written, num_wo
     epoch0 = set(stream.samples(np.arange(0, n)).tolist())
     assert set(ids) <= epoch0
     assert Counter(ids).most_common(1)[0][1] == 1
+
+
+def test_checkpoint_at_a_step_restores_on_three_ranks_exactly_once(
+    coordinator, dataset: Written, tmp_path: Path
+) -> None:
+    """Two ranks train in lockstep; rank 0 alone checkpoints after step 3 while rank 1 has
+    already taken step 4; the job dies and comes back on three ranks from that state."""
+    B, K = 4, 3
+    client = coordinator(world=2, lease_size=24)
+    loaders = []
+    for rank in (0, 1):
+        ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=B, rank=rank, world_size=2)
+        loaders.append(stoker.TokenLoader(ds, 0, coordinator=client))
+    its = [iter(ld) for ld in loaders]
+    trained: list[int] = []
+    for _ in range(K):  # steps 1..K on both ranks
+        for it in its:
+            trained += next(it)["sample_id"].tolist()
+    next(its[1])  # rank 1 is one batch ahead when rank 0 saves: that batch is lost in the crash
+    state = loaders[0].state_dict()
+    assert state["mode"] == "coordinator" and state["batches"] == K
+    assert sorted(state["snapshot"]["consumed"]) == state["snapshot"]["consumed"]
+    n = dataset.num_samples(SEQ_LEN)
+    consumed = sum(b - a for a, b in state["snapshot"]["consumed"])
+    assert consumed == 2 * K * B
+    saved = tmp_path / "state" / "checkpoints" / "job" / f"{state['checkpoint']}.json"
+    assert saved.is_file()  # also in the coordinator's state store
+
+    # a fresh coordinator on three ranks from the checkpoint (the old one is gone)
+    client3 = coordinator(world=3, lease_size=24, restore=state["checkpoint"])
+    rows: list[dict] = []
+    counts = []
+    for rank in range(3):
+        ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=B, rank=rank, world_size=3)
+        loader = stoker.TokenLoader(ds, 0, coordinator=client3)
+        loader.load_state_dict(state)
+        batches = list(loader)
+        counts.append(len(batches))
+        rows += unbatch(batches)
+    after = check_samples(dataset, SEQ_LEN, rows)  # the content is right
+    assert len(set(counts)) == 1  # equal batches per rank
+    got = Counter(trained + after)
+    assert got.most_common(1)[0][1] == 1  # nothing twice
+    left = n - len(got)
+    assert 0 <= left < 3  # only the part that does not divide by three carries over
+    assert left == (n - consumed) % 3
+
+
+def test_a_coordinator_not_restored_from_the_state_is_refused(
+    coordinator, dataset: Written
+) -> None:
+    B = 4
+    client = coordinator(world=1, lease_size=24)
+    ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=B)
+    loader = stoker.TokenLoader(ds, 0, coordinator=client)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    fresh = coordinator(world=1, lease_size=24)
+    other = stoker.TokenLoader(stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=B),
+                               0, coordinator=fresh)  # fmt: skip
+    other.load_state_dict(state)
+    with pytest.raises(stoker.StateError, match=state["checkpoint"]):
+        next(iter(other))
+    static = stoker.TokenLoader(stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=B))
+    with pytest.raises(stoker.StateError, match="coordinator"):
+        static.load_state_dict(state)

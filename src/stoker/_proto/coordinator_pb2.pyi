@@ -8,22 +8,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("rank", "worker", "node")
+    __slots__ = ("rank", "worker", "node", "stream", "min_epoch")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MIN_EPOCH_FIELD_NUMBER: _ClassVar[int]
     rank: int
     worker: int
     node: str
-    def __init__(self, rank: _Optional[int] = ..., worker: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+    stream: str
+    min_epoch: int
+    def __init__(self, rank: _Optional[int] = ..., worker: _Optional[int] = ..., node: _Optional[str] = ..., stream: _Optional[str] = ..., min_epoch: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("consumer", "epoch")
+    __slots__ = ("consumer", "epoch", "origin")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
     consumer: int
     epoch: int
-    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    origin: str
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., origin: _Optional[str] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("consumer", "epoch", "held")
@@ -103,15 +109,59 @@ class ConfirmReply(_message.Message):
     lease_done: bool
     def __init__(self, lease_done: _Optional[bool] = ...) -> None: ...
 
+class Segment(_message.Message):
+    __slots__ = ("lease", "upto", "rows")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    UPTO_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    upto: int
+    rows: int
+    def __init__(self, lease: _Optional[int] = ..., upto: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class ConfirmBatchRequest(_message.Message):
+    __slots__ = ("consumer", "epoch", "seq", "segments", "batch_size")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    consumer: int
+    epoch: int
+    seq: int
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    batch_size: int
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class ConfirmBatchReply(_message.Message):
+    __slots__ = ("answers",)
+    class Answer(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CONFIRMED: _ClassVar[ConfirmBatchReply.Answer]
+        LEASE_DONE: _ClassVar[ConfirmBatchReply.Answer]
+        REFUSED: _ClassVar[ConfirmBatchReply.Answer]
+    CONFIRMED: ConfirmBatchReply.Answer
+    LEASE_DONE: ConfirmBatchReply.Answer
+    REFUSED: ConfirmBatchReply.Answer
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedScalarFieldContainer[ConfirmBatchReply.Answer]
+    def __init__(self, answers: _Optional[_Iterable[_Union[ConfirmBatchReply.Answer, str]]] = ...) -> None: ...
+
 class CheckpointRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("epoch", "batches")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    batches: int
+    def __init__(self, epoch: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
-    __slots__ = ("snapshot_json",)
+    __slots__ = ("snapshot_json", "name")
     SNAPSHOT_JSON_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     snapshot_json: str
-    def __init__(self, snapshot_json: _Optional[str] = ...) -> None: ...
+    name: str
+    def __init__(self, snapshot_json: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class DatasetRequest(_message.Message):
     __slots__ = ()
@@ -124,3 +174,31 @@ class DatasetReply(_message.Message):
     manifest_json: bytes
     index: bytes
     def __init__(self, manifest_json: _Optional[bytes] = ..., index: _Optional[bytes] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("epoch", "world", "num_samples", "origin", "stream", "quota", "consumed", "live_consumers", "steals", "requeued")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WORLD_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_FIELD_NUMBER: _ClassVar[int]
+    CONSUMED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    STEALS_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    world: int
+    num_samples: int
+    origin: str
+    stream: str
+    quota: int
+    consumed: int
+    live_consumers: int
+    steals: int
+    requeued: int
+    def __init__(self, epoch: _Optional[int] = ..., world: _Optional[int] = ..., num_samples: _Optional[int] = ..., origin: _Optional[str] = ..., stream: _Optional[str] = ..., quota: _Optional[int] = ..., consumed: _Optional[int] = ..., live_consumers: _Optional[int] = ..., steals: _Optional[int] = ..., requeued: _Optional[int] = ...) -> None: ...

@@ -54,6 +54,11 @@ class CoordinatorStub:
                 request_serializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmRequest.SerializeToString,
                 response_deserializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmReply.FromString,
                 _registered_method=True)
+        self.ConfirmBatch = channel.unary_unary(
+                '/stoker.coordinator.v1.Coordinator/ConfirmBatch',
+                request_serializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmBatchRequest.SerializeToString,
+                response_deserializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmBatchReply.FromString,
+                _registered_method=True)
         self.Checkpoint = channel.unary_unary(
                 '/stoker.coordinator.v1.Coordinator/Checkpoint',
                 request_serializer=stoker_dot___proto_dot_coordinator__pb2.CheckpointRequest.SerializeToString,
@@ -63,6 +68,11 @@ class CoordinatorStub:
                 '/stoker.coordinator.v1.Coordinator/Dataset',
                 request_serializer=stoker_dot___proto_dot_coordinator__pb2.DatasetRequest.SerializeToString,
                 response_deserializer=stoker_dot___proto_dot_coordinator__pb2.DatasetReply.FromString,
+                _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/stoker.coordinator.v1.Coordinator/Status',
+                request_serializer=stoker_dot___proto_dot_coordinator__pb2.StatusRequest.SerializeToString,
+                response_deserializer=stoker_dot___proto_dot_coordinator__pb2.StatusReply.FromString,
                 _registered_method=True)
 
 
@@ -98,8 +108,17 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConfirmBatch(self, request, context):
+        """The rows of one batch a rank is about to hand to training, confirmed together and
+        logged in the rank's order (the log decides checkpoints and replays).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Checkpoint(self, request, context):
-        """A topology-free snapshot of the epoch's progress (also stored under the state URL).
+        """A topology-free snapshot of the moment every rank had handed out `batches` batches
+        of the epoch; stored under the state URL and returned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,6 +126,13 @@ class CoordinatorServicer:
 
     def Dataset(self, request, context):
         """The metadata service: the dataset's manifest and block index, served from memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Status(self, request, context):
+        """What the coordinator is doing: epoch, world, progress, where its table came from.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,6 +161,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     request_deserializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmRequest.FromString,
                     response_serializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmReply.SerializeToString,
             ),
+            'ConfirmBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConfirmBatch,
+                    request_deserializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmBatchRequest.FromString,
+                    response_serializer=stoker_dot___proto_dot_coordinator__pb2.ConfirmBatchReply.SerializeToString,
+            ),
             'Checkpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.Checkpoint,
                     request_deserializer=stoker_dot___proto_dot_coordinator__pb2.CheckpointRequest.FromString,
@@ -144,6 +175,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Dataset,
                     request_deserializer=stoker_dot___proto_dot_coordinator__pb2.DatasetRequest.FromString,
                     response_serializer=stoker_dot___proto_dot_coordinator__pb2.DatasetReply.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=stoker_dot___proto_dot_coordinator__pb2.StatusRequest.FromString,
+                    response_serializer=stoker_dot___proto_dot_coordinator__pb2.StatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +301,33 @@ class Coordinator:
             _registered_method=True)
 
     @staticmethod
+    def ConfirmBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoker.coordinator.v1.Coordinator/ConfirmBatch',
+            stoker_dot___proto_dot_coordinator__pb2.ConfirmBatchRequest.SerializeToString,
+            stoker_dot___proto_dot_coordinator__pb2.ConfirmBatchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Checkpoint(request,
             target,
             options=(),
@@ -308,6 +371,33 @@ class Coordinator:
             '/stoker.coordinator.v1.Coordinator/Dataset',
             stoker_dot___proto_dot_coordinator__pb2.DatasetRequest.SerializeToString,
             stoker_dot___proto_dot_coordinator__pb2.DatasetReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoker.coordinator.v1.Coordinator/Status',
+            stoker_dot___proto_dot_coordinator__pb2.StatusRequest.SerializeToString,
+            stoker_dot___proto_dot_coordinator__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,

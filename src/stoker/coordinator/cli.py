@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -36,6 +37,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         type=int,
         default=Config.min_readahead,
         help="positions a consumer may always read ahead",
+    )
+    ap.add_argument(
+        "--restore",
+        metavar="NAME",
+        help="begin from this checkpoint (under --state, checkpoints/<job>/NAME.json) on --world "
+        "ranks, discarding the journal's later progress; restart without it to resume the journal",
+    )
+    ap.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="exit when standard input closes (the process that started it died)",
     )
     ap.add_argument(
         "--token-file",
@@ -78,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         drop_remainder=args.drop_remainder,
         manifest_json=manifest_json,
         index=index,
+        restore=args.restore,
     )
     server = Server(coordinator, args.bind, token).start()
     print(
@@ -86,6 +99,13 @@ def run(args: argparse.Namespace) -> int:
     )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    if args.exit_with_parent:
+
+        def watch() -> None:
+            sys.stdin.buffer.read()  # returns at EOF: the parent closed the pipe, or died
+            done.set()
+
+        threading.Thread(target=watch, daemon=True, name="stoker-parent").start()
     try:
         done.wait()
     except KeyboardInterrupt:

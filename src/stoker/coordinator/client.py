@@ -54,6 +54,7 @@ class CoordinatorClient:
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self.retries = 0
+        self.origin = ""  # the checkpoint the coordinator's table came from (after register)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -93,8 +94,18 @@ class CoordinatorClient:
                 delay = min(delay * 2, 2.0)
 
     # -- calls -------------------------------------------------------------------------
-    def register(self, rank: int, worker: int, node: str = "") -> tuple[int, int]:
-        r = self._call("Register", pb.RegisterRequest(rank=rank, worker=worker, node=node))
+    def register(
+        self, rank: int, worker: int, node: str = "", stream: str = "", min_epoch: int = 0
+    ) -> tuple[int, int]:
+        """A consumer id and the coordinator's epoch (see :attr:`origin`); the id is 0
+        (not registered) while the coordinator's epoch is below ``min_epoch``."""
+        r = self._call(
+            "Register",
+            pb.RegisterRequest(
+                rank=rank, worker=worker, node=node, stream=stream, min_epoch=min_epoch
+            ),
+        )
+        self.origin = str(r.origin)
         return int(r.consumer), int(r.epoch)
 
     def lease(self, consumer: int, epoch: int, held: list[int]) -> pb.LeaseReply:
@@ -115,8 +126,36 @@ class CoordinatorClient:
         )
         return bool(r.lease_done)
 
-    def checkpoint(self) -> dict[str, Any]:
-        return dict(json.loads(self._call("Checkpoint", pb.CheckpointRequest()).snapshot_json))
+    def confirm_batch(
+        self, consumer: int, epoch: int, seq: int, segments: list[tuple[int, int, int]], size: int
+    ) -> list[bool | None]:
+        """Confirm a batch's ``(lease, upto, rows)`` segments; per segment True (lease
+        complete), False (confirmed) or None (refused: drop its rows)."""
+        r = self._call(
+            "ConfirmBatch",
+            pb.ConfirmBatchRequest(
+                consumer=consumer,
+                epoch=epoch,
+                seq=seq,
+                segments=[pb.Segment(lease=a, upto=u, rows=n) for a, u, n in segments],
+                batch_size=size,
+            ),
+        )
+        out: dict[int, bool | None] = {
+            pb.ConfirmBatchReply.CONFIRMED: False,
+            pb.ConfirmBatchReply.LEASE_DONE: True,
+            pb.ConfirmBatchReply.REFUSED: None,
+        }
+        return [out[a] for a in r.answers]
+
+    def checkpoint(self, epoch: int, batches: int) -> tuple[str, dict[str, Any]]:
+        """``(name, snapshot)`` of the moment every rank had handed out ``batches``
+        batches of ``epoch``; the coordinator also stores it under its state URL."""
+        r = self._call("Checkpoint", pb.CheckpointRequest(epoch=epoch, batches=batches))
+        return str(r.name), dict(json.loads(r.snapshot_json))
+
+    def status(self) -> pb.StatusReply:
+        return self._call("Status", pb.StatusRequest())
 
     def dataset(self) -> tuple[bytes, bytes]:
         r = self._call("Dataset", pb.DatasetRequest())

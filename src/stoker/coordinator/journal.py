@@ -102,3 +102,25 @@ class Journal:
                 except json.JSONDecodeError as exc:
                     raise StateError(f"{where} line {n}: corrupt journal entry ({exc})") from exc
         return events
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def checkpoint_path(self, name: str) -> str:
+        return f"checkpoints/{self.job}/{name}.json"
+
+    def write_checkpoint(self, name: str, snapshot: dict[str, Any]) -> str:
+        """Store a snapshot (whole or absent); returns its URL."""
+        path = self.checkpoint_path(name)
+        if not self.storage.exists(path):
+            self.storage.write_atomic(path, json.dumps(snapshot, separators=(",", ":")).encode())
+        return self.storage.url_of(path)
+
+    def read_checkpoint(self, name: str) -> dict[str, Any]:
+        path = self.checkpoint_path(name)
+        try:
+            data = self.storage.read(path)
+        except FileNotFoundError:
+            raise StateError(f"{self.storage.url_of(path)}: no such checkpoint") from None
+        try:
+            return dict(json.loads(data))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise StateError(f"{self.storage.url_of(path)}: corrupt checkpoint ({exc})") from exc

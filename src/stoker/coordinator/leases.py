@@ -31,6 +31,8 @@ import bisect
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stoker.coordinator import delivery
+
 #: Rate assumed for a consumer that has not reported progress yet (positions/s).
 DEFAULT_RATE = 1.0
 
@@ -120,6 +122,10 @@ class LeaseTable:
         epoch_set: list[tuple[int, int]],
         world: int,
         config: Config | None = None,
+        *,
+        stream: str = "",
+        origin: str = "",
+        first_ids: tuple[int, int] = (1, 1),
     ) -> None:
         if world < 1:
             raise ValueError(f"world must be >= 1, got {world}")
@@ -135,13 +141,17 @@ class LeaseTable:
         self.consumers: dict[int, Consumer] = {}
         self.leases: dict[int, Lease] = {}
         self.completed: dict[int, tuple[int, int]] = {}  # lease -> (consumer, end)
+        # what each rank handed to training, batch by batch (see delivery.py)
+        self.log: list[list[delivery.Ranges]] = [[] for _ in range(world)]
+        self.log_rows = [0] * world
+        self.batch_size = 0  # fixed by the first confirmed batch
+        self._answers: dict[tuple[int, int], list[bool | None]] = {}  # (rank, seq) -> answer
+        self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
+        self.stream = stream  # the consumers' position -> sample mapping, as JSON
+        self.origin = origin  # the checkpoint this table was restored from
+        self._next_consumer, self._next_lease = first_ids
         # the journal: how the table began, then every change
-        self.events: list[Event] = [
-            Event("begin", 0.0, {"epoch": epoch, "epoch_set": [list(x) for x in self.epoch_set],
-                                 "world": world, "consumed": []})
-        ]  # fmt: skip
-        self._next_consumer = 1
-        self._next_lease = 1
+        self.events: list[Event] = [Event("begin", 0.0, self._begin_args())]
         self.steals = 0
         self.requeued = 0
 
@@ -153,6 +163,7 @@ class LeaseTable:
             "request": self.request,
             "heartbeat": self.heartbeat,
             "confirm": self.confirm,
+            "batch": self.confirm_batch,
             "expire": self.expire,
             "revive": self.revive,
         }[event.kind]
@@ -161,15 +172,40 @@ class LeaseTable:
     def _record(self, kind: str, now: float, **args: Any) -> None:
         self.events.append(Event(kind, now, args))
 
+    def _begin_args(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "epoch_set": [list(x) for x in self.epoch_set],
+            "world": self.world,
+            "consumed": [list(x) for x in self.consumed],
+            "stream": self.stream,
+            "origin": self.origin,
+            "first_ids": [self._next_consumer, self._next_lease],
+        }
+
     # -- consumers -------------------------------------------------------------------
-    def register(self, rank: int, worker: int, now: float) -> int:
-        """A new consumer of ``rank``; returns its id (never reused)."""
+    def register(self, rank: int, worker: int, now: float, stream: str = "") -> int:
+        """A new consumer of ``rank``; returns its id (never reused).
+
+        ``stream`` describes how the consumer maps positions to samples (dataset and
+        shuffle, as JSON); every consumer of a job must agree, and the first fixes it.
+        """
         if not 0 <= rank < self.world:
             raise LeaseError("bad_rank", f"rank {rank} is outside the job's world of {self.world}")
+        if stream and self.stream and stream != self.stream:
+            raise LeaseError(
+                "bad_stream",
+                f"rank {rank} maps positions to samples as {stream}, the job as {self.stream} "
+                "(every rank must open the same dataset with the same shuffle settings)",
+            )
         cid = self._next_consumer
         self._next_consumer += 1
         self.consumers[cid] = Consumer(cid, rank, worker, now, since=now)
-        self._record("register", now, rank=rank, worker=worker)
+        if stream and not self.stream:
+            self.stream = stream
+            self._record("register", now, rank=rank, worker=worker, stream=stream)
+        else:
+            self._record("register", now, rank=rank, worker=worker)
         return cid
 
     def _live(self, consumer: int) -> Consumer:
@@ -328,7 +364,12 @@ class LeaseTable:
         is not held (expired, or never granted): the caller must drop the batch.
         """
         c = self._live(consumer)
-        if self.completed.get(lease) == (consumer, upto):
+        done = self._confirm(c, lease, upto, now)
+        self._record("confirm", now, consumer=consumer, lease=lease, upto=upto)
+        return done
+
+    def _confirm(self, c: Consumer, lease: int, upto: int, now: float) -> bool:
+        if self.completed.get(lease) == (c.id, upto):
             return True  # a retry of the confirm that completed it
         ls = self._lease(c, lease)
         if not ls.confirmed <= upto <= ls.end or upto > max(ls.read, ls.horizon):
@@ -347,9 +388,64 @@ class LeaseTable:
         if done:
             del self.leases[lease]
             c.leases.remove(lease)
-            self.completed[lease] = (consumer, upto)
-        self._record("confirm", now, consumer=consumer, lease=lease, upto=upto)
+            self.completed[lease] = (c.id, upto)
         return done
+
+    def confirm_batch(
+        self, consumer: int, seq: int, segments: list[list[int]], size: int, now: float
+    ) -> list[bool | None]:
+        """Confirm the rows of one batch of the consumer's rank before it is handed out.
+
+        ``segments`` are ``[lease, upto, rows]``: the batch's next ``rows`` rows are
+        positions ``[upto - rows, upto)`` of ``lease``. ``seq`` numbers the rank's
+        batches in the epoch from 0, so a retried call (its answer was lost) gets the
+        first answer again. Per segment the answer is True (the lease is complete),
+        False (confirmed) or None (refused: drop those rows). The accepted rows go to
+        the rank's log, which decides what training sees (:mod:`delivery`). An
+        expired consumer's batch is refused whole (and still takes its number).
+        """
+        c = self.consumers.get(consumer)
+        if c is None:
+            raise LeaseError("unknown_consumer", f"consumer {consumer} was never registered")
+        key = (c.rank, seq)
+        if key in self._answers:
+            return self._answers[key]
+        if seq != len(self.log[c.rank]):
+            raise LeaseError(
+                "bad_sequence",
+                f"rank {c.rank} confirms batch {seq}, the next one is {len(self.log[c.rank])}",
+            )
+        if size < 1 or (self.batch_size and size != self.batch_size):
+            raise LeaseError(
+                "bad_range", f"batch size {size}, the job's is {self.batch_size or 'unset'}"
+            )
+        self.batch_size = size
+        answer: list[bool | None] = []
+        kept: delivery.Ranges = []
+        for lease, upto, n in segments:
+            ls = self.leases.get(lease) if c.alive else None  # expired: its leases are gone
+            # the rows must continue the lease exactly where its confirmed part ends
+            if ls is None or ls.consumer != c.id or n < 1 or upto - n != ls.confirmed:
+                answer.append(None)
+                continue
+            try:
+                answer.append(self._confirm(c, lease, upto, now))
+                kept.append((upto - n, upto))
+            except LeaseError:
+                answer.append(None)
+        c.last_seen = now
+        self.log[c.rank].append(kept)
+        self.log_rows[c.rank] += delivery.rows(kept)
+        self._answers[key] = answer
+        self._record(
+            "batch",
+            now,
+            consumer=consumer,
+            seq=seq,
+            segments=[list(x) for x in segments],
+            size=size,
+        )
+        return answer
 
     def expire(self, now: float) -> list[int]:
         """Consumers silent past the timeout: requeue ``[confirmed, end)`` of their leases."""
@@ -399,25 +495,79 @@ class LeaseTable:
             "epoch": self.epoch,
             "epoch_set": [list(p) for p in self.epoch_set],
             "consumed": [list(p) for p in self.consumed],
+            "stream": self.stream,
         }
 
+    def rank_final(self, rank: int) -> bool:
+        """The rank has confirmed all its positions (its held rows are all known)."""
+        return self.log_rows[rank] == self.quota
+
+    def snapshot_at(self, batches: int) -> dict[str, Any]:
+        """The snapshot of the moment every rank had handed ``batches`` batches of this
+        table to training (synchronous training: a step that every rank has taken).
+
+        Any one rank can ask, whenever it likes after that step: ranks that went
+        further count only their first ``batches``. Raises ``not_ready`` when a rank's
+        log does not reach that far yet.
+        """
+        if batches < 0:
+            raise LeaseError("bad_range", f"a checkpoint after {batches} batches")
+        consumed = list(self.base)
+        for rank in range(self.world):
+            got = delivery.first(
+                self.log[rank], self.batch_size or 1, batches, self.rank_final(rank)
+            )
+            if got is None:
+                have = len(delivery.handed_out(self.log[rank], self.batch_size, False))
+                raise LeaseError(
+                    "not_ready",
+                    f"rank {rank} has confirmed {have} batches of epoch {self.epoch}, "
+                    f"not {batches}: checkpoint after the step every rank has taken",
+                )
+            for r in got:
+                _insert(consumed, r)
+        return {
+            "epoch": self.epoch,
+            "epoch_set": [list(p) for p in self.epoch_set],
+            "consumed": [list(p) for p in consumed],
+            "stream": self.stream,
+        }
+
+    def handed_out(self, rank: int) -> list[delivery.Ranges]:
+        """Rank ``rank``'s batches of this table, in the order training got them."""
+        return delivery.handed_out(self.log[rank], self.batch_size, self.rank_final(rank))
+
     @staticmethod
-    def restore(snapshot: dict[str, Any], world: int, config: Config | None = None) -> LeaseTable:
+    def restore(
+        snapshot: dict[str, Any],
+        world: int,
+        config: Config | None = None,
+        *,
+        origin: str = "",
+        first_ids: tuple[int, int] = (1, 1),
+    ) -> LeaseTable:
         """A table for what ``snapshot`` has left, on ``world`` ranks (any number).
 
         Every rank gets ``remaining // world`` more positions; the rest carry over.
+        ``first_ids`` continues the numbering of consumers and leases (a coordinator
+        restored in place must not hand out an id a consumer of the old table holds).
         """
         epoch_set = [(int(a), int(b)) for a, b in snapshot["epoch_set"]]
-        remaining = _subtract(epoch_set, [(int(a), int(b)) for a, b in snapshot["consumed"]])
-        table = LeaseTable(int(snapshot["epoch"]), remaining, world, config)
+        consumed = [(int(a), int(b)) for a, b in snapshot["consumed"]]
+        remaining = _subtract(epoch_set, consumed)
+        table = LeaseTable(
+            int(snapshot["epoch"]),
+            remaining,
+            world,
+            config,
+            stream=str(snapshot.get("stream", "")),
+            origin=origin,
+            first_ids=first_ids,
+        )
         table.epoch_set = epoch_set
-        table.consumed = [(int(a), int(b)) for a, b in snapshot["consumed"]]
-        table.events[0] = Event(
-            "begin",
-            0.0,
-            {"epoch": table.epoch, "epoch_set": [list(x) for x in epoch_set], "world": world,
-             "consumed": [list(x) for x in table.consumed]},
-        )  # fmt: skip
+        table.consumed = list(consumed)
+        table.base = list(consumed)
+        table.events[0] = Event("begin", 0.0, table._begin_args())
         return table
 
     @staticmethod
@@ -427,13 +577,24 @@ class LeaseTable:
             raise ValueError("a journal starts with a 'begin' event")
         b = events[0].args
         table = LeaseTable.restore(
-            {"epoch": b["epoch"], "epoch_set": b["epoch_set"], "consumed": b["consumed"]},
+            {
+                "epoch": b["epoch"],
+                "epoch_set": b["epoch_set"],
+                "consumed": b["consumed"],
+                "stream": b.get("stream", ""),
+            },
             int(b["world"]),
             config,
+            origin=str(b.get("origin", "")),
+            first_ids=tuple(b.get("first_ids", (1, 1))),  # type: ignore[arg-type]
         )
         for ev in events[1:]:
             table.apply(ev)
         return table
+
+    @property
+    def next_ids(self) -> tuple[int, int]:
+        return self._next_consumer, self._next_lease
 
     def state(self) -> dict[str, Any]:
         """Everything, for comparing a replayed table with the live one."""
@@ -448,6 +609,8 @@ class LeaseTable:
             "next": (self._next_consumer, self._next_lease),
             "steals": self.steals,
             "requeued": self.requeued,
+            "log": [list(x) for x in self.log],
+            "stream": self.stream,
         }
 
 

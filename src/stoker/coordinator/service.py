@@ -13,6 +13,7 @@ never logged.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -40,6 +41,9 @@ _CODES = {
     "wrong_epoch": grpc.StatusCode.FAILED_PRECONDITION,
     "bad_range": grpc.StatusCode.INVALID_ARGUMENT,
     "bad_rank": grpc.StatusCode.INVALID_ARGUMENT,
+    "bad_stream": grpc.StatusCode.FAILED_PRECONDITION,
+    "bad_sequence": grpc.StatusCode.FAILED_PRECONDITION,
+    "not_ready": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -85,6 +89,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         index: bytes = b"",
         storage_options: dict[str, Any] | None = None,
         clock: Any = time.time,  # wall clock: the journal's times outlive the process
+        restore: str | None = None,
     ) -> None:
         self.num_samples = num_samples
         self.world = world
@@ -100,21 +105,51 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self._stop = threading.Event()
         self.write_interval = 0.05
         self._taken = 0
+        self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
         events = [Event.from_json(e) for e in self.journal.read()]
         tables = _split_epochs(events)
         # the epoch before the current one answers its consumers' last calls (DONE, retries)
         self.previous: LeaseTable | None = None
-        if len(tables) > 1:
-            self.previous = LeaseTable.replay(tables[-2], self.config)
-        if tables:
-            self.table = LeaseTable.replay(tables[-1], self.config)
+        last = LeaseTable.replay(tables[-1], self.config) if tables else None
+        # the checkpoint the journal's run descends from (later epochs' tables too)
+        journal_origin = next(
+            (o for o in reversed([t[0].args.get("origin", "") for t in tables]) if o), ""
+        )
+        if restore is not None:
+            # a new generation from a checkpoint, on this coordinator's world, whatever the
+            # journal holds (progress after the checkpoint is what a relaunch discards);
+            # ids go on from the journal's, so a consumer of the old run is refused, loudly
+            snapshot = self.journal.read_checkpoint(restore)
+            first_ids = last.next_ids if last is not None else (1, 1)
+            self.table = LeaseTable.restore(
+                snapshot, world, self.config, origin=restore, first_ids=first_ids
+            )
+            log.info(
+                "restored epoch %d from checkpoint %s onto %d ranks",
+                self.table.epoch,
+                restore,
+                world,
+            )
+        elif last is not None:
+            if last.world != world:
+                raise ConfigError(
+                    f"the journal of job {job!r} under {state_url} is for {last.world} ranks, "
+                    f"not {world}: restore from a checkpoint to change the world"
+                )
+            if len(tables) > 1:
+                self.previous = LeaseTable.replay(tables[-2], self.config)
+            self.table = last
             self._taken = len(self.table.events)
             self.table.revive(self._now())
             log.info("resumed epoch %d from the journal (%d events)", self.table.epoch, len(events))
         else:
             first = plan.first_epoch_set(0, num_samples, world, drop_remainder)
             self.table = LeaseTable(0, _pairs(first), world, self.config)
-        self._sync(self._flush())
+        self.origin = self.table.origin or journal_origin
+        with self._lock:
+            self._advance()
+            mine = self._flush()
+        self._sync(mine)
 
     # -- journal (group commit) ---------------------------------------------------------
     def _flush(self) -> int:
@@ -173,7 +208,9 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         nxt = fresh if self.drop_remainder else _pairs(intervals.make(t.leftover() + fresh))
         self._flush()
         self.previous = t
-        self.table = LeaseTable(t.epoch + 1, nxt, self.world, self.config)
+        self.table = LeaseTable(
+            t.epoch + 1, nxt, self.world, self.config, stream=t.stream, first_ids=t.next_ids
+        )
         self._taken = 0
         self._flush()
         log.info("epoch %d done; epoch %d begins", t.epoch, t.epoch + 1)
@@ -220,8 +257,11 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self, request: pb.RegisterRequest, context: grpc.ServicerContext
     ) -> pb.RegisterReply:
         def go() -> pb.RegisterReply:
-            cid = self.table.register(request.rank, request.worker, self._now())
-            return pb.RegisterReply(consumer=cid, epoch=self.table.epoch)
+            t = self.table
+            if t.epoch < request.min_epoch:
+                return pb.RegisterReply(consumer=0, epoch=t.epoch, origin=self.origin)
+            cid = t.register(request.rank, request.worker, self._now(), request.stream)
+            return pb.RegisterReply(consumer=cid, epoch=t.epoch, origin=self.origin)
 
         return self._call(context, go, durable=True)
 
@@ -265,11 +305,61 @@ class Coordinator(pb_grpc.CoordinatorServicer):
 
         return self._call(context, go, durable=True)
 
+    def ConfirmBatch(
+        self, request: pb.ConfirmBatchRequest, context: grpc.ServicerContext
+    ) -> pb.ConfirmBatchReply:
+        def go() -> pb.ConfirmBatchReply:
+            answers = self._table(request.epoch).confirm_batch(
+                request.consumer,
+                request.seq,
+                [[x.lease, x.upto, x.rows] for x in request.segments],
+                request.batch_size,
+                self._now(),
+            )
+            codes = {True: pb.ConfirmBatchReply.LEASE_DONE, False: pb.ConfirmBatchReply.CONFIRMED}
+            return pb.ConfirmBatchReply(
+                answers=[pb.ConfirmBatchReply.REFUSED if a is None else codes[a] for a in answers]
+            )
+
+        return self._call(context, go, durable=True)
+
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
     ) -> pb.CheckpointReply:
+        """The snapshot after ``batches`` batches of every rank, stored under the state URL
+        as ``checkpoints/<job>/<name>.json`` (any rank may ask, any number of times)."""
         with self._lock:
-            return pb.CheckpointReply(snapshot_json=json.dumps(self.table.snapshot()))
+            try:
+                table = self._table(request.epoch)
+                key = (table.epoch, table.origin, request.batches)
+                if key in self._checkpoints:
+                    name, text = self._checkpoints[key]
+                    return pb.CheckpointReply(snapshot_json=text, name=name)
+                snapshot = table.snapshot_at(request.batches)
+            except LeaseError as exc:
+                context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+        text = json.dumps(snapshot, separators=(",", ":"), sort_keys=True)
+        name = f"epoch{snapshot['epoch']}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        self.journal.write_checkpoint(name, snapshot)
+        with self._lock:
+            self._checkpoints[key] = (name, text)
+        return pb.CheckpointReply(snapshot_json=text, name=name)
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+        with self._lock:
+            t = self.table
+            return pb.StatusReply(
+                epoch=t.epoch,
+                world=t.world,
+                num_samples=self.num_samples,
+                origin=self.origin,
+                stream=t.stream,
+                quota=t.quota,
+                consumed=t.consumed_count - sum(b - a for a, b in t.base),
+                live_consumers=sum(c.alive for c in t.consumers.values()),
+                steals=t.steals,
+                requeued=t.requeued,
+            )
 
     def Dataset(self, request: pb.DatasetRequest, context: grpc.ServicerContext) -> pb.DatasetReply:
         return pb.DatasetReply(manifest_json=self.manifest_json, index=self.index)

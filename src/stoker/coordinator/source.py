@@ -31,11 +31,25 @@ class LeaseStream:
     """Positions for consumer (``rank``, ``worker``) of the coordinator's current epoch."""
 
     def __init__(
-        self, client: CoordinatorClient, rank: int, worker: int, wait: float = 0.02
+        self,
+        client: CoordinatorClient,
+        rank: int,
+        worker: int,
+        wait: float = 0.02,
+        *,
+        stream: str = "",
+        min_epoch: int = 0,
     ) -> None:
         self.client = client
-        self.consumer, self.epoch = client.register(rank, worker)
         self.wait = wait
+        # an epoch's last consumers may finish before the others: the coordinator begins
+        # the next epoch only when all are done, so wait for it rather than join the old
+        while True:
+            self.consumer, self.epoch = client.register(rank, worker, stream=stream,
+                                                        min_epoch=min_epoch)  # fmt: skip
+            if self.consumer:
+                break
+            time.sleep(wait)
         self._held: dict[int, _Held] = {}
         # every lease granted to us this epoch: a lease read to its end is not confirmed
         # until the rank's main process hands its batch out, so it must not be re-granted

@@ -3,21 +3,25 @@
 Workers (or the main process, with ``num_workers=0``) are consumers: each
 takes leases (:class:`~stoker.coordinator.source.LeaseStream`), turns positions
 into sample ids with the same pure plan (``plan.Stream``) and gathers batches
-into shared-memory slots as in the static path. The main process confirms a
-batch's segments with the coordinator *before* handing it out and drops the
-rows of any segment the coordinator refuses (its lease expired and went to
-another consumer), so a sample reaches training at most once, and, with the
-coordinator requeueing what was not confirmed, exactly once.
+into shared-memory slots as in the static path. The main process confirms each
+batch (``ConfirmBatch``, the rank's next batch number) *before* handing it out
+and drops the rows of any segment the coordinator refuses (its lease expired
+and went to another consumer), so a sample reaches training at most once, and,
+with the coordinator requeueing what was not confirmed, exactly once.
 
 Every rank must see the same number of batches (collectives hang otherwise),
-but leases are not cut in batch multiples. So any batch shorter than
+but leases are not cut in batch multiples. So a batch shorter than
 ``batch_size`` (a worker's last one, or one that lost rows) is held back, and
 the held rows are re-cut into full batches at the end of the epoch: a rank
 gets exactly ``ceil(quota / batch_size)`` batches, the same for every rank.
+That rule lives in :mod:`stoker.coordinator.delivery`, so the coordinator,
+which logs every confirmed batch, knows what each rank's first ``k`` batches
+were (checkpoints) and the whole order (replay).
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import traceback
 from collections.abc import Iterator
@@ -28,7 +32,7 @@ import numpy as np
 import torch
 
 from stoker import plan
-from stoker.coordinator.client import CoordinatorClient, LeaseRejected
+from stoker.coordinator.client import CoordinatorClient
 from stoker.coordinator.source import LeaseStream
 from stoker.loader.dataset import TokenDataset
 
@@ -39,11 +43,29 @@ Batch = dict[str, torch.Tensor]
 Segments = list[tuple[int, int, int]]  # (lease, upto, rows)
 
 
+def _stream_json(ds: TokenDataset) -> str:
+    """How this rank maps positions to samples; the coordinator checks that all agree."""
+    c = ds.shuffle_config
+    return json.dumps(
+        {
+            "dataset_id": ds.source.manifest.dataset_id,
+            "num_samples": ds.num_samples,
+            "seq_len": ds.seq_len,
+            "seed": c.seed,
+            "shuffle": c.shuffle,
+            "shard_size": c.shard_size,
+            "window_shards": c.window_shards,
+        },
+        sort_keys=True,
+    )
+
+
 def _worker(
     ds: TokenDataset,
     client: CoordinatorClient,
     rank: int,
     worker: int,
+    min_epoch: int,
     slots: _Slots,
     conn: Connection,
 ) -> None:
@@ -53,7 +75,7 @@ def _worker(
     reader = ds._reader()
     stream = plan.Stream(ds.num_samples, ds.shuffle_config)
     try:
-        leases = LeaseStream(client, rank, worker)
+        leases = LeaseStream(client, rank, worker, stream=_stream_json(ds), min_epoch=min_epoch)
         conn.send(("epoch", leases.consumer, leases.epoch))
         for positions, segments in leases.batches(ds.batch_size):
             ids = stream.samples(positions)
@@ -84,22 +106,29 @@ class DynamicEpoch:
         rank: int,
         num_workers: int,
         prefetch: int,
+        min_epoch: int = 0,
     ) -> None:
         self.ds, self.client, self.rank = ds, client, rank
         self.num_workers, self.prefetch = num_workers, prefetch
         self.epoch: int | None = None
+        self.min_epoch = min_epoch
         self.dropped = 0  # rows whose confirm was refused
-        self.delivered = 0
+        self.delivered = 0  # rows handed out
+        self.batches = 0  # batches handed out
+        self.seq = 0  # batches confirmed
+        self.finished = False
 
     def _confirm(self, consumer: int, batch: Batch, segments: Segments) -> Batch:
-        """Confirm each segment; keep the rows of the confirmed ones."""
+        """Confirm the batch (the next of the rank's log); keep the accepted rows."""
         assert self.epoch is not None
+        answers = self.client.confirm_batch(
+            consumer, self.epoch, self.seq, segments, self.ds.batch_size
+        )
+        self.seq += 1
         keep = np.ones(len(batch["sample_id"]), dtype=bool)
         row = 0
-        for lease, upto, rows in segments:
-            try:
-                self.client.confirm(consumer, self.epoch, lease, upto)
-            except LeaseRejected:
+        for (_, _, rows), answer in zip(segments, answers, strict=True):
+            if answer is None:
                 keep[row : row + rows] = False
             row += rows
         if keep.all():
@@ -109,26 +138,27 @@ class DynamicEpoch:
         return {k: v[idx] for k, v in batch.items()}
 
     def __iter__(self) -> Iterator[Batch]:
+        """Batches in the order :mod:`stoker.coordinator.delivery` defines: full ones as
+        they come, the short ones' rows re-cut at the end."""
         B = self.ds.batch_size
-        held: list[tuple[int, Batch, Segments]] = []
+        held: list[Batch] = []
         for consumer, batch, segments in self._produce():
-            if len(batch["sample_id"]) < B:
-                held.append((consumer, batch, segments))  # confirmed when handed out
-                continue
             out = self._confirm(consumer, batch, segments)
             if len(out["sample_id"]) < B:
-                held.append((consumer, out, []))  # already confirmed; re-cut at the end
+                if len(out["sample_id"]):
+                    held.append(out)
                 continue
             self.delivered += B
+            self.batches += 1
             yield out
-        rows = [self._confirm(c, b, s) if s else b for c, b, s in held]
-        rows = [r for r in rows if len(r["sample_id"])]
-        if rows:
-            merged = {k: torch.cat([r[k] for r in rows]) for k in rows[0]}
+        if held:
+            merged = {k: torch.cat([r[k] for r in held]) for k in held[0]}
             n = len(merged["sample_id"])
             for lo in range(0, n, B):
                 self.delivered += min(B, n - lo)
+                self.batches += 1
                 yield {k: v[lo : lo + B] for k, v in merged.items()}
+        self.finished = True
 
     def _produce(self) -> Iterator[tuple[int, Batch, Segments]]:
         if self.num_workers == 0:
@@ -140,7 +170,9 @@ class DynamicEpoch:
         reader = self.ds._reader()
         stream = plan.Stream(self.ds.num_samples, self.ds.shuffle_config)
         try:
-            leases = LeaseStream(self.client, self.rank, 0)
+            leases = LeaseStream(
+                self.client, self.rank, 0, stream=_stream_json(self.ds), min_epoch=self.min_epoch
+            )
             self.epoch = leases.epoch
             for positions, segments in leases.batches(self.ds.batch_size):
                 ids = stream.samples(positions)
@@ -170,7 +202,7 @@ class DynamicEpoch:
                 parent, child = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_worker,
-                    args=(ds, self.client, self.rank, w, rings[w], child),
+                    args=(ds, self.client, self.rank, w, self.min_epoch, rings[w], child),
                     daemon=True,
                     name=f"stoker-lease-worker-{w}",
                 )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import traceback
+import weakref
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -29,13 +30,17 @@ import numpy as np
 import torch
 
 from stoker import errors
-from stoker.errors import ConfigError, StokerError
+from stoker.errors import ConfigError, StateError, StokerError
 from stoker.loader import state as st
 from stoker.loader.dataset import TokenDataset
 
 if TYPE_CHECKING:
     from stoker.coordinator.client import CoordinatorClient
+    from stoker.coordinator.embedded import Embedded
+    from stoker.coordinator.leases import Config
     from stoker.loader.dynamic import DynamicEpoch
+
+_DYNAMIC = {"stoker_state": st.STATE_VERSION, "mode": "coordinator"}
 
 
 class WorkerError(StokerError, RuntimeError):
@@ -122,10 +127,17 @@ class TokenLoader:
     (B,) int64 and ``doc_start_mask`` (B, seq_len + 1) bool. The last batch of
     an epoch may be shorter. Iterating again runs the next epoch.
 
-    With ``coordinator`` (a :class:`~stoker.coordinator.client.CoordinatorClient`)
-    positions come from the coordinator's leases instead of the static plan
-    (see :mod:`stoker.loader.dynamic`): work stealing between consumers, and
-    exactly-once delivery when consumers fail. The epoch is the coordinator's.
+    With ``coordinator`` positions come from the coordinator's leases instead of
+    the static plan (see :mod:`stoker.loader.dynamic`): work stealing between
+    consumers, and exactly-once delivery when consumers fail. The epoch is the
+    coordinator's. ``coordinator`` is a
+    :class:`~stoker.coordinator.client.CoordinatorClient` of a running
+    coordinator, or ``"rank0"``: rank 0 starts one and the other ranks find it
+    (:mod:`stoker.coordinator.embedded`); ``coordinator_state`` is then its
+    state URL (default: a fresh local directory) and ``coordinator_config`` its
+    lease settings. ``state_dict()`` then asks the coordinator for a
+    checkpoint of what every rank had handed out at this rank's count of
+    batches, and carries it inline, so it restores on any number of ranks.
     """
 
     def __init__(
@@ -136,18 +148,30 @@ class TokenLoader:
         prefetch: int = 4,
         zero_copy: bool = False,
         timeout: float = 300.0,
-        coordinator: CoordinatorClient | None = None,
+        coordinator: CoordinatorClient | str | None = None,
+        coordinator_state: str | None = None,
+        coordinator_config: Config | None = None,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
         if prefetch < 1:
             raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
+        if isinstance(coordinator, str) and coordinator != "rank0":
+            raise ConfigError(
+                f'coordinator must be a CoordinatorClient or "rank0", not {coordinator!r}'
+            )
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.zero_copy = zero_copy
         self.timeout = timeout
         self.coordinator = coordinator
+        self.coordinator_state = coordinator_state
+        self.coordinator_config = coordinator_config
+        self._client: CoordinatorClient | None = None
+        self._embedded: Embedded | None = None
+        self._restore: dict[str, Any] | None = None  # a dynamic state to resume from
+        self._min_epoch = 0
         self._progress: st.Progress | None = None
         self.last_epoch: DynamicEpoch | None = None
 
@@ -163,10 +187,86 @@ class TokenLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Exact state: samples the caller consumed, not what workers prefetched."""
-        return self.dataset.state_dict()
+        if self.coordinator is None:
+            return self.dataset.state_dict()
+        ep = self.last_epoch
+        if ep is None or ep.epoch is None:
+            return dict(self._restore) if self._restore else {**_DYNAMIC, "epoch": None}
+        name, snapshot = self._coordinator().checkpoint(ep.epoch, ep.batches)
+        return {
+            **_DYNAMIC,
+            "epoch": ep.epoch,
+            "batches": ep.batches,
+            "checkpoint": name,
+            "snapshot": snapshot,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dataset.load_state_dict(state)
+        dynamic = state.get("mode") == "coordinator"
+        if self.coordinator is None:
+            if dynamic:
+                raise StateError(
+                    "this state comes from a run fed by a coordinator: pass coordinator= to resume it"
+                )
+            self.dataset.load_state_dict(state)
+            return
+        if not dynamic:
+            raise StateError(
+                "this state comes from a run without a coordinator (static split); resume it "
+                "without coordinator=, or start the coordinated run from scratch"
+            )
+        if self._client is not None:
+            raise StateError("load_state_dict() must come before the first iteration")
+        if state.get("epoch") is None:
+            return
+        from stoker.loader.dynamic import _stream_json
+
+        mine = _stream_json(self.dataset)
+        theirs = state["snapshot"].get("stream", "")
+        if theirs and theirs != mine:
+            raise StateError(f"the state's data stream {theirs} is not this dataset's {mine}")
+        self._restore = dict(state)
+        self._min_epoch = int(state["epoch"])
+
+    def _coordinator(self) -> CoordinatorClient:
+        """This rank's client; with ``"rank0"`` the coordinator is found or started here."""
+        if self._client is not None:
+            return self._client
+        if not isinstance(self.coordinator, str):
+            assert self.coordinator is not None
+            self._client = self.coordinator
+        else:
+            from stoker.coordinator import embedded
+
+            pl = self.dataset._placement()
+            r = self._restore
+            self._client, self._embedded = embedded.connect(
+                self.dataset.num_samples,
+                pl.rank,
+                pl.world,
+                state_url=self.coordinator_state,
+                config=self.coordinator_config,
+                drop_remainder=self.dataset.drop_remainder,
+                restore=(r["checkpoint"], r["snapshot"]) if r and pl.rank == 0 else None,
+            )
+            if self._embedded is not None:
+                weakref.finalize(self, self._embedded.close)
+        if self._restore is not None:
+            origin = self._client.status().origin
+            name = self._restore["checkpoint"]
+            if origin != name:
+                raise StateError(
+                    f"the coordinator at {self._client.address} was not restored from checkpoint "
+                    f"{name} (its table came from {origin or 'a fresh start'}): start it with "
+                    f"--restore {name} and the new --world"
+                )
+        return self._client
+
+    def close(self) -> None:
+        """Stop the coordinator this rank started, if any."""
+        if self._embedded is not None:
+            self._embedded.close()
+            self._embedded = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         ds = self.dataset
@@ -174,10 +274,13 @@ class TokenLoader:
         if self.coordinator is not None:
             from stoker.loader.dynamic import DynamicEpoch
 
+            client = self._coordinator()
             self.last_epoch = DynamicEpoch(
-                ds, self.coordinator, pl.rank, self.num_workers, self.prefetch
+                ds, client, pl.rank, self.num_workers, self.prefetch, self._min_epoch
             )
             yield from self.last_epoch
+            if self.last_epoch.epoch is not None:
+                self._min_epoch = self.last_epoch.epoch + 1
             return
         progress, _ = ds._start(pl)
         if self.num_workers == 0:
