@@ -40,6 +40,10 @@ def __getattr__(name: str) -> object:
         from stoker.coordinator import client
 
         return getattr(client, name)
+    if name == "LeaseConfig":
+        from stoker.coordinator.leases import Config
+
+        return Config
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 
@@ -55,6 +59,7 @@ __all__ = [
     "DatasetError",
     "DiskCache",
     "InputError",
+    "LeaseConfig",
     "LeaseRejected",
     "Manifest",
     "ManifestError",
