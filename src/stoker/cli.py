@@ -208,6 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coordinator_cli.add_arguments(c)
     c.set_defaults(func=coordinator_cli.run)
+
+    r = sub.add_parser(
+        "replay",
+        help="print a coordinated run's batches, rank by rank, from the coordinator's journal",
+        description="Every rank's batches of a coordinated run in the order training got "
+        "them, as JSON lines: epoch, rank, step, sample_ids (and positions with --positions).",
+    )
+    r.add_argument("--state", required=True, help="the coordinator's state URL")
+    r.add_argument("--job", default="job")
+    r.add_argument("--epoch", type=int, help="only this epoch")
+    r.add_argument("--rank", type=int, help="only this rank")
+    r.add_argument("--positions", action="store_true", help="also print stream positions")
+    r.set_defaults(func=coordinator_cli.replay)
     return p
 
 

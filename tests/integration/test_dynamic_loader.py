@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -53,17 +54,21 @@ def coordinator(tmp_path: Path, dataset: Written):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_two_ranks_through_the_coordinator(coordinator, dataset: Written, num_workers: int) -> None:
+def test_two_ranks_through_the_coordinator(
+    coordinator, dataset: Written, num_workers: int, tmp_path: Path
+) -> None:
     client = coordinator(world=2)
     B = 5
     per_rank: dict[int, list[dict]] = {}
     batches_per_rank = {}
+    order: dict[int, list[list[int]]] = {}
     for rank in (0, 1):
         ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=B, rank=rank, world_size=2)
         loader = stoker.TokenLoader(ds, num_workers, coordinator=client)
         batches = list(loader)
         assert all(len(b["sample_id"]) == B for b in batches[:-1])
         batches_per_rank[rank] = len(batches)
+        order[rank] = [b["sample_id"].tolist() for b in batches]
         per_rank[rank] = unbatch(batches)
         assert loader.last_epoch is not None and loader.last_epoch.dropped == 0
     n = dataset.num_samples(SEQ_LEN)
@@ -77,6 +82,25 @@ def test_two_ranks_through_the_coordinator(coordinator, dataset: Written, num_wo
     epoch0 = set(stream.samples(np.arange(0, n)).tolist())
     assert set(ids) <= epoch0
     assert Counter(ids).most_common(1)[0][1] == 1
+    # the journal replays each rank's exact batch sequence
+    assert replayed(tmp_path / "state") == {(0, r): order[r] for r in (0, 1)}
+
+
+def replayed(state: Path) -> dict[tuple[int, int], list[list[int]]]:
+    """``stoker replay``'s batches by (epoch, rank), as a list indexed by step - 1 (steps
+    before a rank joined, in a restored run, are None)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "replay", "--state", str(state)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    got: dict[tuple[int, int], list[list[int]]] = {}
+    for line in out.splitlines():
+        row = json.loads(line)
+        steps = got.setdefault((row["epoch"], row["rank"]), [])
+        assert row["step"] > len(steps)  # in order, never twice
+        steps.extend([None] * (row["step"] - 1 - len(steps)))
+        steps.append(row["sample_ids"])
+    return got
 
 
 def test_checkpoint_at_a_step_restores_on_three_ranks_exactly_once(
@@ -92,9 +116,11 @@ def test_checkpoint_at_a_step_restores_on_three_ranks_exactly_once(
         loaders.append(stoker.TokenLoader(ds, 0, coordinator=client))
     its = [iter(ld) for ld in loaders]
     trained: list[int] = []
+    order: dict[int, list[list[int]]] = {0: [], 1: []}
     for _ in range(K):  # steps 1..K on both ranks
-        for it in its:
-            trained += next(it)["sample_id"].tolist()
+        for r, it in enumerate(its):
+            order[r].append(next(it)["sample_id"].tolist())
+            trained += order[r][-1]
     next(its[1])  # rank 1 is one batch ahead when rank 0 saves: that batch is lost in the crash
     state = loaders[0].state_dict()
     assert state["mode"] == "coordinator" and state["batches"] == K
@@ -109,6 +135,7 @@ def test_checkpoint_at_a_step_restores_on_three_ranks_exactly_once(
     client3 = coordinator(world=3, lease_size=24, restore=state["checkpoint"])
     rows: list[dict] = []
     counts = []
+    order3: dict[int, list[list[int]]] = {}
     for rank in range(3):
         ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=B, rank=rank, world_size=3)
         loader = stoker.TokenLoader(ds, 0, coordinator=client3)
@@ -116,6 +143,7 @@ def test_checkpoint_at_a_step_restores_on_three_ranks_exactly_once(
         batches = list(loader)
         counts.append(len(batches))
         rows += unbatch(batches)
+        order3[rank] = [b["sample_id"].tolist() for b in batches]
     after = check_samples(dataset, SEQ_LEN, rows)  # the content is right
     assert len(set(counts)) == 1  # equal batches per rank
     got = Counter(trained + after)
@@ -123,6 +151,13 @@ def test_checkpoint_at_a_step_restores_on_three_ranks_exactly_once(
     left = n - len(got)
     assert 0 <= left < 3  # only the part that does not divide by three carries over
     assert left == (n - consumed) % 3
+    # the replay of epoch 0: the old run up to the checkpoint, then the restored run
+    got_order = replayed(tmp_path / "state")
+    assert {k: v for k, v in got_order.items() if k[0] == 0} == {
+        (0, 0): order[0] + order3[0],
+        (0, 1): order[1] + order3[1],
+        (0, 2): [None] * K + order3[2],  # rank 2 joined at step K + 1
+    }
 
 
 def test_a_coordinator_not_restored_from_the_state_is_refused(

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstoker/_proto/coordinator.proto\x12\x15stoker.coordinator.v1\"`\n\x0fRegisterRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x11\n\tmin_epoch\x18\x05 \x01(\x04\"@\n\rRegisterReply\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06origin\x18\x03 \x01(\t\"=\n\x0cLeaseRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x03(\x04\"\xad\x01\n\nLeaseReply\x12\x38\n\x06status\x18\x01 \x01(\x0e\x32(.stoker.coordinator.v1.LeaseReply.Status\x12\r\n\x05lease\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0f\n\x07horizon\x18\x05 \x01(\x04\")\n\x06Status\x12\x0b\n\x07GRANTED\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\"P\n\x10HeartbeatRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04read\x18\x04 \x01(\x04\":\n\x0bLeaseLimits\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\x12\x0f\n\x07horizon\x18\x03 \x01(\x04\"D\n\x0eHeartbeatReply\x12\x32\n\x06leases\x18\x01 \x03(\x0b\x32\".stoker.coordinator.v1.LeaseLimits\"N\n\x0e\x43onfirmRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04upto\x18\x04 \x01(\x04\"\"\n\x0c\x43onfirmReply\x12\x12\n\nlease_done\x18\x01 \x01(\x08\"4\n\x07Segment\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0c\n\x04upto\x18\x02 \x01(\x04\x12\x0c\n\x04rows\x18\x03 \x01(\x04\"\x89\x01\n\x13\x43onfirmBatchRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x30\n\x08segments\x18\x04 \x03(\x0b\x32\x1e.stoker.coordinator.v1.Segment\x12\x12\n\nbatch_size\x18\x05 \x01(\r\"\x8b\x01\n\x11\x43onfirmBatchReply\x12@\n\x07\x61nswers\x18\x01 \x03(\x0e\x32/.stoker.coordinator.v1.ConfirmBatchReply.Answer\"4\n\x06\x41nswer\x12\r\n\tCONFIRMED\x10\x00\x12\x0e\n\nLEASE_DONE\x10\x01\x12\x0b\n\x07REFUSED\x10\x02\"3\n\x11\x43heckpointRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x04\"6\n\x0f\x43heckpointReply\x12\x15\n\rsnapshot_json\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x10\n\x0e\x44\x61tasetRequest\"4\n\x0c\x44\x61tasetReply\x12\x15\n\rmanifest_json\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x0c\"\x0f\n\rStatusRequest\"\xbb\x01\n\x0bStatusReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05world\x18\x02 \x01(\r\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x04\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0e\n\x06stream\x18\x05 \x01(\t\x12\r\n\x05quota\x18\x06 \x01(\x04\x12\x10\n\x08\x63onsumed\x18\x07 \x01(\x04\x12\x16\n\x0elive_consumers\x18\x08 \x01(\r\x12\x0e\n\x06steals\x18\t \x01(\x04\x12\x10\n\x08requeued\x18\n \x01(\x04\x32\xdd\x05\n\x0b\x43oordinator\x12X\n\x08Register\x12&.stoker.coordinator.v1.RegisterRequest\x1a$.stoker.coordinator.v1.RegisterReply\x12O\n\x05Lease\x12#.stoker.coordinator.v1.LeaseRequest\x1a!.stoker.coordinator.v1.LeaseReply\x12[\n\tHeartbeat\x12\'.stoker.coordinator.v1.HeartbeatRequest\x1a%.stoker.coordinator.v1.HeartbeatReply\x12U\n\x07\x43onfirm\x12%.stoker.coordinator.v1.ConfirmRequest\x1a#.stoker.coordinator.v1.ConfirmReply\x12\x64\n\x0c\x43onfirmBatch\x12*.stoker.coordinator.v1.ConfirmBatchRequest\x1a(.stoker.coordinator.v1.ConfirmBatchReply\x12^\n\nCheckpoint\x12(.stoker.coordinator.v1.CheckpointRequest\x1a&.stoker.coordinator.v1.CheckpointReply\x12U\n\x07\x44\x61taset\x12%.stoker.coordinator.v1.DatasetRequest\x1a#.stoker.coordinator.v1.DatasetReply\x12R\n\x06Status\x12$.stoker.coordinator.v1.StatusRequest\x1a\".stoker.coordinator.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstoker/_proto/coordinator.proto\x12\x15stoker.coordinator.v1\"`\n\x0fRegisterRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x11\n\tmin_epoch\x18\x05 \x01(\x04\"T\n\rRegisterReply\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x12\n\nfirst_step\x18\x04 \x01(\x04\"=\n\x0cLeaseRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x03(\x04\"\xad\x01\n\nLeaseReply\x12\x38\n\x06status\x18\x01 \x01(\x0e\x32(.stoker.coordinator.v1.LeaseReply.Status\x12\r\n\x05lease\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0f\n\x07horizon\x18\x05 \x01(\x04\")\n\x06Status\x12\x0b\n\x07GRANTED\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\"P\n\x10HeartbeatRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04read\x18\x04 \x01(\x04\":\n\x0bLeaseLimits\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\x12\x0f\n\x07horizon\x18\x03 \x01(\x04\"D\n\x0eHeartbeatReply\x12\x32\n\x06leases\x18\x01 \x03(\x0b\x32\".stoker.coordinator.v1.LeaseLimits\"N\n\x0e\x43onfirmRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04upto\x18\x04 \x01(\x04\"\"\n\x0c\x43onfirmReply\x12\x12\n\nlease_done\x18\x01 \x01(\x08\"4\n\x07Segment\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0c\n\x04upto\x18\x02 \x01(\x04\x12\x0c\n\x04rows\x18\x03 \x01(\x04\"\x89\x01\n\x13\x43onfirmBatchRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x30\n\x08segments\x18\x04 \x03(\x0b\x32\x1e.stoker.coordinator.v1.Segment\x12\x12\n\nbatch_size\x18\x05 \x01(\r\"\x8b\x01\n\x11\x43onfirmBatchReply\x12@\n\x07\x61nswers\x18\x01 \x03(\x0e\x32/.stoker.coordinator.v1.ConfirmBatchReply.Answer\"4\n\x06\x41nswer\x12\r\n\tCONFIRMED\x10\x00\x12\x0e\n\nLEASE_DONE\x10\x01\x12\x0b\n\x07REFUSED\x10\x02\"3\n\x11\x43heckpointRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x04\"6\n\x0f\x43heckpointReply\x12\x15\n\rsnapshot_json\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x10\n\x0e\x44\x61tasetRequest\"4\n\x0c\x44\x61tasetReply\x12\x15\n\rmanifest_json\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x0c\"\x0f\n\rStatusRequest\"\xbb\x01\n\x0bStatusReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05world\x18\x02 \x01(\r\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x04\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0e\n\x06stream\x18\x05 \x01(\t\x12\r\n\x05quota\x18\x06 \x01(\x04\x12\x10\n\x08\x63onsumed\x18\x07 \x01(\x04\x12\x16\n\x0elive_consumers\x18\x08 \x01(\r\x12\x0e\n\x06steals\x18\t \x01(\x04\x12\x10\n\x08requeued\x18\n \x01(\x04\x32\xdd\x05\n\x0b\x43oordinator\x12X\n\x08Register\x12&.stoker.coordinator.v1.RegisterRequest\x1a$.stoker.coordinator.v1.RegisterReply\x12O\n\x05Lease\x12#.stoker.coordinator.v1.LeaseRequest\x1a!.stoker.coordinator.v1.LeaseReply\x12[\n\tHeartbeat\x12\'.stoker.coordinator.v1.HeartbeatRequest\x1a%.stoker.coordinator.v1.HeartbeatReply\x12U\n\x07\x43onfirm\x12%.stoker.coordinator.v1.ConfirmRequest\x1a#.stoker.coordinator.v1.ConfirmReply\x12\x64\n\x0c\x43onfirmBatch\x12*.stoker.coordinator.v1.ConfirmBatchRequest\x1a(.stoker.coordinator.v1.ConfirmBatchReply\x12^\n\nCheckpoint\x12(.stoker.coordinator.v1.CheckpointRequest\x1a&.stoker.coordinator.v1.CheckpointReply\x12U\n\x07\x44\x61taset\x12%.stoker.coordinator.v1.DatasetRequest\x1a#.stoker.coordinator.v1.DatasetReply\x12R\n\x06Status\x12$.stoker.coordinator.v1.StatusRequest\x1a\".stoker.coordinator.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,43 +34,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREQUEST']._serialized_start=58
   _globals['_REGISTERREQUEST']._serialized_end=154
   _globals['_REGISTERREPLY']._serialized_start=156
-  _globals['_REGISTERREPLY']._serialized_end=220
-  _globals['_LEASEREQUEST']._serialized_start=222
-  _globals['_LEASEREQUEST']._serialized_end=283
-  _globals['_LEASEREPLY']._serialized_start=286
-  _globals['_LEASEREPLY']._serialized_end=459
-  _globals['_LEASEREPLY_STATUS']._serialized_start=418
-  _globals['_LEASEREPLY_STATUS']._serialized_end=459
-  _globals['_HEARTBEATREQUEST']._serialized_start=461
-  _globals['_HEARTBEATREQUEST']._serialized_end=541
-  _globals['_LEASELIMITS']._serialized_start=543
-  _globals['_LEASELIMITS']._serialized_end=601
-  _globals['_HEARTBEATREPLY']._serialized_start=603
-  _globals['_HEARTBEATREPLY']._serialized_end=671
-  _globals['_CONFIRMREQUEST']._serialized_start=673
-  _globals['_CONFIRMREQUEST']._serialized_end=751
-  _globals['_CONFIRMREPLY']._serialized_start=753
-  _globals['_CONFIRMREPLY']._serialized_end=787
-  _globals['_SEGMENT']._serialized_start=789
-  _globals['_SEGMENT']._serialized_end=841
-  _globals['_CONFIRMBATCHREQUEST']._serialized_start=844
-  _globals['_CONFIRMBATCHREQUEST']._serialized_end=981
-  _globals['_CONFIRMBATCHREPLY']._serialized_start=984
-  _globals['_CONFIRMBATCHREPLY']._serialized_end=1123
-  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_start=1071
-  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_end=1123
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1125
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1176
-  _globals['_CHECKPOINTREPLY']._serialized_start=1178
-  _globals['_CHECKPOINTREPLY']._serialized_end=1232
-  _globals['_DATASETREQUEST']._serialized_start=1234
-  _globals['_DATASETREQUEST']._serialized_end=1250
-  _globals['_DATASETREPLY']._serialized_start=1252
-  _globals['_DATASETREPLY']._serialized_end=1304
-  _globals['_STATUSREQUEST']._serialized_start=1306
-  _globals['_STATUSREQUEST']._serialized_end=1321
-  _globals['_STATUSREPLY']._serialized_start=1324
-  _globals['_STATUSREPLY']._serialized_end=1511
-  _globals['_COORDINATOR']._serialized_start=1514
-  _globals['_COORDINATOR']._serialized_end=2247
+  _globals['_REGISTERREPLY']._serialized_end=240
+  _globals['_LEASEREQUEST']._serialized_start=242
+  _globals['_LEASEREQUEST']._serialized_end=303
+  _globals['_LEASEREPLY']._serialized_start=306
+  _globals['_LEASEREPLY']._serialized_end=479
+  _globals['_LEASEREPLY_STATUS']._serialized_start=438
+  _globals['_LEASEREPLY_STATUS']._serialized_end=479
+  _globals['_HEARTBEATREQUEST']._serialized_start=481
+  _globals['_HEARTBEATREQUEST']._serialized_end=561
+  _globals['_LEASELIMITS']._serialized_start=563
+  _globals['_LEASELIMITS']._serialized_end=621
+  _globals['_HEARTBEATREPLY']._serialized_start=623
+  _globals['_HEARTBEATREPLY']._serialized_end=691
+  _globals['_CONFIRMREQUEST']._serialized_start=693
+  _globals['_CONFIRMREQUEST']._serialized_end=771
+  _globals['_CONFIRMREPLY']._serialized_start=773
+  _globals['_CONFIRMREPLY']._serialized_end=807
+  _globals['_SEGMENT']._serialized_start=809
+  _globals['_SEGMENT']._serialized_end=861
+  _globals['_CONFIRMBATCHREQUEST']._serialized_start=864
+  _globals['_CONFIRMBATCHREQUEST']._serialized_end=1001
+  _globals['_CONFIRMBATCHREPLY']._serialized_start=1004
+  _globals['_CONFIRMBATCHREPLY']._serialized_end=1143
+  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_start=1091
+  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_end=1143
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1145
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1196
+  _globals['_CHECKPOINTREPLY']._serialized_start=1198
+  _globals['_CHECKPOINTREPLY']._serialized_end=1252
+  _globals['_DATASETREQUEST']._serialized_start=1254
+  _globals['_DATASETREQUEST']._serialized_end=1270
+  _globals['_DATASETREPLY']._serialized_start=1272
+  _globals['_DATASETREPLY']._serialized_end=1324
+  _globals['_STATUSREQUEST']._serialized_start=1326
+  _globals['_STATUSREQUEST']._serialized_end=1341
+  _globals['_STATUSREPLY']._serialized_start=1344
+  _globals['_STATUSREPLY']._serialized_end=1531
+  _globals['_COORDINATOR']._serialized_start=1534
+  _globals['_COORDINATOR']._serialized_end=2267
 # @@protoc_insertion_point(module_scope)

@@ -22,14 +22,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., worker: _Optional[int] = ..., node: _Optional[str] = ..., stream: _Optional[str] = ..., min_epoch: _Optional[int] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("consumer", "epoch", "origin")
+    __slots__ = ("consumer", "epoch", "origin", "first_step")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
     consumer: int
     epoch: int
     origin: str
-    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., origin: _Optional[str] = ...) -> None: ...
+    first_step: int
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., origin: _Optional[str] = ..., first_step: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
     __slots__ = ("consumer", "epoch", "held")

@@ -112,3 +112,22 @@ def run(args: argparse.Namespace) -> int:
         pass
     server.stop(grace=2)
     return 0
+
+
+def replay(args: argparse.Namespace) -> int:
+    import json
+
+    from stoker.coordinator.replay import batches
+
+    for b in batches(args.state, args.job):
+        if args.epoch is not None and b.epoch != args.epoch:
+            continue
+        if args.rank is not None and b.rank != args.rank:
+            continue
+        row: dict[str, object] = {"epoch": b.epoch, "rank": b.rank, "step": b.step}
+        if b.sample_ids is not None:
+            row["sample_ids"] = b.sample_ids.tolist()
+        if args.positions or b.sample_ids is None:
+            row["positions"] = b.positions.tolist()
+        sys.stdout.write(json.dumps(row, separators=(",", ":")) + "\n")
+    return 0

@@ -55,6 +55,7 @@ class CoordinatorClient:
         self._stub: Any = None
         self.retries = 0
         self.origin = ""  # the checkpoint the coordinator's table came from (after register)
+        self.first_step = 0  # batches of the epoch before the table began (after register)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -106,6 +107,7 @@ class CoordinatorClient:
             ),
         )
         self.origin = str(r.origin)
+        self.first_step = int(r.first_step)
         return int(r.consumer), int(r.epoch)
 
     def lease(self, consumer: int, epoch: int, held: list[int]) -> pb.LeaseReply:

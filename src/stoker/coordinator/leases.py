@@ -149,6 +149,7 @@ class LeaseTable:
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
         self.origin = origin  # the checkpoint this table was restored from
+        self.first_step = 0  # batches every rank had handed out before this table began
         self._next_consumer, self._next_lease = first_ids
         # the journal: how the table began, then every change
         self.events: list[Event] = [Event("begin", 0.0, self._begin_args())]
@@ -181,6 +182,8 @@ class LeaseTable:
             "stream": self.stream,
             "origin": self.origin,
             "first_ids": [self._next_consumer, self._next_lease],
+            "config": asdict(self.config),
+            "first_step": self.first_step,
         }
 
     # -- consumers -------------------------------------------------------------------
@@ -510,19 +513,22 @@ class LeaseTable:
         further count only their first ``batches``. Raises ``not_ready`` when a rank's
         log does not reach that far yet.
         """
-        if batches < 0:
-            raise LeaseError("bad_range", f"a checkpoint after {batches} batches")
-        consumed = list(self.base)
-        for rank in range(self.world):
-            got = delivery.first(
-                self.log[rank], self.batch_size or 1, batches, self.rank_final(rank)
+        if batches < self.first_step:
+            raise LeaseError(
+                "bad_range",
+                f"a checkpoint after {batches} batches of epoch {self.epoch}, but this run "
+                f"resumed after {self.first_step}",
             )
+        consumed = list(self.base)
+        local = batches - self.first_step
+        for rank in range(self.world):
+            got = delivery.first(self.log[rank], self.batch_size or 1, local, self.rank_final(rank))
             if got is None:
                 have = len(delivery.handed_out(self.log[rank], self.batch_size, False))
                 raise LeaseError(
                     "not_ready",
-                    f"rank {rank} has confirmed {have} batches of epoch {self.epoch}, "
-                    f"not {batches}: checkpoint after the step every rank has taken",
+                    f"rank {rank} has confirmed {self.first_step + have} batches of epoch "
+                    f"{self.epoch}, not {batches}: checkpoint after the step every rank has taken",
                 )
             for r in got:
                 _insert(consumed, r)
@@ -531,6 +537,7 @@ class LeaseTable:
             "epoch_set": [list(p) for p in self.epoch_set],
             "consumed": [list(p) for p in consumed],
             "stream": self.stream,
+            "batches": batches,
         }
 
     def handed_out(self, rank: int) -> list[delivery.Ranges]:
@@ -567,21 +574,26 @@ class LeaseTable:
         table.epoch_set = epoch_set
         table.consumed = list(consumed)
         table.base = list(consumed)
+        table.first_step = int(snapshot.get("batches", 0))
         table.events[0] = Event("begin", 0.0, table._begin_args())
         return table
 
     @staticmethod
     def replay(events: list[Event], config: Config | None = None) -> LeaseTable:
-        """The table a journal describes: its ``begin`` event, then every change."""
+        """The table a journal describes: its ``begin`` event, then every change (with
+        the settings it records, unless ``config`` overrides them)."""
         if not events or events[0].kind != "begin":
             raise ValueError("a journal starts with a 'begin' event")
         b = events[0].args
+        if config is None and "config" in b:
+            config = Config(**b["config"])  # the settings the table ran with
         table = LeaseTable.restore(
             {
                 "epoch": b["epoch"],
                 "epoch_set": b["epoch_set"],
                 "consumed": b["consumed"],
                 "stream": b.get("stream", ""),
+                "batches": b.get("first_step", 0),
             },
             int(b["world"]),
             config,

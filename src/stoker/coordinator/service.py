@@ -261,7 +261,9 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             if t.epoch < request.min_epoch:
                 return pb.RegisterReply(consumer=0, epoch=t.epoch, origin=self.origin)
             cid = t.register(request.rank, request.worker, self._now(), request.stream)
-            return pb.RegisterReply(consumer=cid, epoch=t.epoch, origin=self.origin)
+            return pb.RegisterReply(
+                consumer=cid, epoch=t.epoch, origin=self.origin, first_step=t.first_step
+            )
 
         return self._call(context, go, durable=True)
 

@@ -48,6 +48,7 @@ class LeaseStream:
             self.consumer, self.epoch = client.register(rank, worker, stream=stream,
                                                         min_epoch=min_epoch)  # fmt: skip
             if self.consumer:
+                self.first_step = client.first_step
                 break
             time.sleep(wait)
         self._held: dict[int, _Held] = {}

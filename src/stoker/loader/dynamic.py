@@ -76,7 +76,7 @@ def _worker(
     stream = plan.Stream(ds.num_samples, ds.shuffle_config)
     try:
         leases = LeaseStream(client, rank, worker, stream=_stream_json(ds), min_epoch=min_epoch)
-        conn.send(("epoch", leases.consumer, leases.epoch))
+        conn.send(("epoch", leases.consumer, leases.epoch, leases.first_step))
         for positions, segments in leases.batches(ds.batch_size):
             ids = stream.samples(positions)
             reader.plan(ids, np.zeros(0, dtype=np.int64))
@@ -114,9 +114,14 @@ class DynamicEpoch:
         self.min_epoch = min_epoch
         self.dropped = 0  # rows whose confirm was refused
         self.delivered = 0  # rows handed out
-        self.batches = 0  # batches handed out
+        self.batches = 0  # batches of the epoch handed out (counting those before a restore)
         self.seq = 0  # batches confirmed
         self.finished = False
+
+    def _began(self, epoch: int, first_step: int) -> None:
+        if self.epoch is None:
+            self.epoch = epoch
+            self.batches = first_step
 
     def _confirm(self, consumer: int, batch: Batch, segments: Segments) -> Batch:
         """Confirm the batch (the next of the rank's log); keep the accepted rows."""
@@ -173,7 +178,7 @@ class DynamicEpoch:
             leases = LeaseStream(
                 self.client, self.rank, 0, stream=_stream_json(self.ds), min_epoch=self.min_epoch
             )
-            self.epoch = leases.epoch
+            self._began(leases.epoch, leases.first_step)
             for positions, segments in leases.batches(self.ds.batch_size):
                 ids = stream.samples(positions)
                 reader.plan(ids, np.zeros(0, dtype=np.int64))
@@ -225,7 +230,7 @@ class DynamicEpoch:
                     msg = conn.recv()
                     if msg[0] == "epoch":
                         consumer[w] = int(msg[1])
-                        self.epoch = int(msg[2])
+                        self._began(int(msg[2]), int(msg[3]))
                     elif msg[0] == "batch":
                         _, slot, n, segments = msg
                         ring = rings[w]
