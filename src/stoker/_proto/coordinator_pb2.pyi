@@ -170,12 +170,14 @@ class DatasetRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DatasetReply(_message.Message):
-    __slots__ = ("manifest_json", "index")
+    __slots__ = ("manifest_json", "index", "url")
     MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
     manifest_json: bytes
     index: bytes
-    def __init__(self, manifest_json: _Optional[bytes] = ..., index: _Optional[bytes] = ...) -> None: ...
+    url: str
+    def __init__(self, manifest_json: _Optional[bytes] = ..., index: _Optional[bytes] = ..., url: _Optional[str] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

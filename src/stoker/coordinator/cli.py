@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.token_file:
         token = Path(args.token_file).read_text().strip() or None
     manifest_json = index = b""
+    dataset_url = ""
     if args.dataset:
         if not args.seq_len:
             raise ConfigError("--dataset needs --seq-len")
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         num_samples = (m.num_tokens - 1) // args.seq_len
         manifest_json = source.storage.read("manifest.json")
         index = source.storage.read(m.index.path)
+        dataset_url = source.url
     else:
         num_samples = args.num_samples
     config = Config(
@@ -90,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         drop_remainder=args.drop_remainder,
         manifest_json=manifest_json,
         index=index,
+        dataset_url=dataset_url,
         restore=args.restore,
     )
     server = Server(coordinator, args.bind, token).start()

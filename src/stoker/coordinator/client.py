@@ -159,9 +159,11 @@ class CoordinatorClient:
     def status(self) -> pb.StatusReply:
         return self._call("Status", pb.StatusRequest())
 
-    def dataset(self) -> tuple[bytes, bytes]:
+    def dataset(self) -> tuple[str, bytes, bytes]:
+        """``(url, manifest_json, index)``: the metadata service
+        (``TokenDataset(..., metadata=client)``)."""
         r = self._call("Dataset", pb.DatasetRequest())
-        return bytes(r.manifest_json), bytes(r.index)
+        return str(r.url), bytes(r.manifest_json), bytes(r.index)
 
     def close(self) -> None:
         if self._channel is not None and self._pid == os.getpid():

@@ -87,6 +87,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         drop_remainder: bool = False,
         manifest_json: bytes = b"",
         index: bytes = b"",
+        dataset_url: str = "",
         storage_options: dict[str, Any] | None = None,
         clock: Any = time.time,  # wall clock: the journal's times outlive the process
         restore: str | None = None,
@@ -95,7 +96,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.world = world
         self.config = config or Config()
         self.drop_remainder = drop_remainder
-        self.manifest_json, self.index = manifest_json, index
+        self.manifest_json, self.index, self.dataset_url = manifest_json, index, dataset_url
         self.clock = clock
         self.journal = Journal(state_url, job, storage_options)
         self._lock = threading.Lock()  # the tables and the buffer
@@ -364,7 +365,9 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             )
 
     def Dataset(self, request: pb.DatasetRequest, context: grpc.ServicerContext) -> pb.DatasetReply:
-        return pb.DatasetReply(manifest_json=self.manifest_json, index=self.index)
+        return pb.DatasetReply(
+            manifest_json=self.manifest_json, index=self.index, url=self.dataset_url
+        )
 
 
 def _pairs(iv: Any) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ connection until it reads, so it can be pickled into DataLoader workers.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,8 +19,22 @@ from stoker.manifest import MANIFEST_NAME, Manifest, parse_index
 from stoker.storage import Storage
 
 
+class Metadata(Protocol):
+    """Serves a dataset's manifest and block index (the coordinator's metadata service)."""
+
+    def dataset(self) -> tuple[str, bytes, bytes]:
+        """``(url, manifest_json, index)`` of the dataset it serves."""
+        ...
+
+
 class TokenSource:
-    """A token dataset on storage."""
+    """A token dataset on storage.
+
+    With ``metadata`` the manifest and the block index come from that service
+    (the coordinator holds them in memory) instead of storage, so thousands of
+    readers do not each read them; the index is still checked against the
+    manifest's checksum. Blocks always come from storage.
+    """
 
     def __init__(
         self,
@@ -28,15 +42,28 @@ class TokenSource:
         storage_options: dict[str, Any] | None = None,
         cache: BlockCache | None = None,
         storage: Storage | None = None,
+        metadata: Metadata | None = None,
     ) -> None:
         self.storage = storage or Storage(url, storage_options)
         self.url = self.storage.url
         self.cache: BlockCache = cache if cache is not None else NullCache()
-        self.manifest = read_manifest(self.storage)
+        served: bytes | None = None
+        if metadata is not None:
+            served_url, manifest_json, served = metadata.dataset()
+            if not manifest_json:
+                raise ManifestError(f"{self.url}: the metadata service serves no dataset")
+            if served_url.rstrip("/") != self.url.rstrip("/"):
+                raise ManifestError(
+                    f"{self.url}: the metadata service serves {served_url}, another dataset"
+                )
+            where = f"{self.storage.url_of(MANIFEST_NAME)} (from the metadata service)"
+            self.manifest = Manifest.from_json(manifest_json, where)
+        else:
+            self.manifest = read_manifest(self.storage)
         m = self.manifest
         where = self.storage.url_of(m.index.path)
         try:
-            index_bytes = self.storage.read(m.index.path)
+            index_bytes = served if served is not None else self.storage.read(m.index.path)
         except FileNotFoundError as exc:
             raise ManifestError(f"{where}: block index listed in the manifest is missing") from exc
         if m.index.xxh64 is not None and f"{checksum(index_bytes):016x}" != m.index.xxh64:

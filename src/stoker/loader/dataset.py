@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset
 from stoker import intervals, plan
 from stoker.cache import BlockCache, DiskCache
 from stoker.errors import ConfigError, StateError
-from stoker.formats.tokens import TokenSource
+from stoker.formats.tokens import Metadata, TokenSource
 from stoker.loader import state as st
 from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.distributed import Placement, detect
@@ -47,6 +47,11 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
     tier; both apply only when this dataset starts the agent). ``agent=False``
     keeps the per-process disk cache instead; without ``cache_dir`` each
     process reads and decodes for itself.
+
+    ``metadata`` (a :class:`~stoker.coordinator.client.CoordinatorClient` whose
+    coordinator was started with ``--dataset``) supplies the manifest and the
+    block index, so that a large job does not read them from storage once per
+    process.
     """
 
     def __init__(
@@ -70,6 +75,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         world_size: int | None = None,
         doc_starts: bool = True,
         arena_blocks: int | None = None,
+        metadata: Metadata | None = None,
     ) -> None:
         super().__init__()
         if seq_len < 1:
@@ -85,7 +91,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         elif cache is None and cache_dir is not None:
             cache = DiskCache(cache_dir, cache_limit)
         self.agent: AgentClient | None = agent or None
-        self.source = TokenSource(url, storage_options, cache)
+        self.source = TokenSource(url, storage_options, cache, metadata=metadata)
         m = self.source.manifest
         if m.num_tokens < seq_len + 1:
             raise ConfigError(
