@@ -73,7 +73,7 @@ def test_a_reader_of_another_dataset_or_a_coordinator_without_one_is_refused(
 ) -> None:
     client = start_coordinator("--dataset", str(dataset.path), "--seq-len", str(SEQ_LEN))
     other = dataset.copy_to(tmp_path / "other")
-    with pytest.raises(stoker.ManifestError, match="serves .*another dataset"):
+    with pytest.raises(stoker.ManifestError, match=r"serves .*another dataset"):
         stoker.TokenDataset(str(other.path), SEQ_LEN, metadata=client)
     bare = start_coordinator("--num-samples", "100")
     with pytest.raises(stoker.ManifestError, match="serves no dataset"):

@@ -40,13 +40,34 @@ class LeaseMachine(RuleBasedStateMachine):
         return self.now
 
     # -- rules ------------------------------------------------------------------------
-    @rule(rank=hs.integers(0, 2), dt=hs.floats(0, 3))
-    def register(self, rank: int, dt: float) -> None:
+    @rule(rank=hs.integers(0, 2), dt=hs.floats(0, 3), node=hs.sampled_from(["", "a", "b"]))
+    def register(self, rank: int, dt: float, node: str) -> None:
         if rank >= self.table.world:
             with pytest.raises(LeaseError):
-                self.table.register(rank, 0, self._tick(dt))
+                self.table.register(rank, 0, self._tick(dt), node=node)
             return
-        self.table.register(rank, 0, self._tick(dt))
+        self.table.register(rank, 0, self._tick(dt), node=node)
+
+    @rule(
+        data=hs.data(),
+        ranges=hs.lists(hs.tuples(hs.integers(0, 60), hs.integers(0, 12)), max_size=3),
+    )
+    def report_local(self, data, ranges: list[tuple[int, int]]) -> None:
+        """A node says which positions its cache holds: later grants prefer them."""
+        cid = self._pick(data)
+        if cid is None:
+            return
+        self.table.report_local(cid, [[a, a + n] for a, n in ranges], self.now)
+        c = self.table.consumers[cid]
+        if not c.node or not self.table.config.locality:
+            return
+        local = self.table.local[c.node]
+        queued_local = [(max(a, la), min(b, lb)) for a, b in self.table.queue
+                        for la, lb in local if la < b and a < lb]  # fmt: skip
+        if queued_local and self.table.assigned[c.rank] < self.table.quota:
+            g = self.table.request(cid, self.now)
+            assert g is not None and g is not WAIT
+            assert (g.start, g.stolen_from) == (queued_local[0][0], None)  # local ones first
 
     def _pick(self, data, alive: bool = True) -> int | None:
         ids = sorted(c.id for c in self.table.consumers.values() if c.alive or not alive)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Request(_message.Message):
-    __slots__ = ("id", "hello", "open", "get", "release", "plan", "stats")
+    __slots__ = ("id", "hello", "open", "get", "release", "plan", "stats", "holdings")
     ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Request(_message.Message):
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    HOLDINGS_FIELD_NUMBER: _ClassVar[int]
     id: int
     hello: Hello
     open: Open
@@ -22,7 +23,8 @@ class Request(_message.Message):
     release: Release
     plan: Plan
     stats: StatsRequest
-    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., open: _Optional[_Union[Open, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., stats: _Optional[_Union[StatsRequest, _Mapping]] = ...) -> None: ...
+    holdings: Holdings
+    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., open: _Optional[_Union[Open, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., stats: _Optional[_Union[StatsRequest, _Mapping]] = ..., holdings: _Optional[_Union[Holdings, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol", "pid")
@@ -70,8 +72,14 @@ class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class Holdings(_message.Message):
+    __slots__ = ("dataset_id",)
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: str
+    def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
+
 class Response(_message.Message):
-    __slots__ = ("id", "error", "error_kind", "ack", "opened", "block", "stats")
+    __slots__ = ("id", "error", "error_kind", "ack", "opened", "block", "stats", "held")
     ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +87,7 @@ class Response(_message.Message):
     OPENED_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     id: int
     error: str
     error_kind: str
@@ -86,7 +95,14 @@ class Response(_message.Message):
     opened: Opened
     block: Block
     stats: Stats
-    def __init__(self, id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., opened: _Optional[_Union[Opened, _Mapping]] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ...) -> None: ...
+    held: Held
+    def __init__(self, id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., opened: _Optional[_Union[Opened, _Mapping]] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., held: _Optional[_Union[Held, _Mapping]] = ...) -> None: ...
+
+class Held(_message.Message):
+    __slots__ = ("blocks",)
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, blocks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ()

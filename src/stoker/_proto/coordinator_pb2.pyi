@@ -206,3 +206,25 @@ class StatusReply(_message.Message):
     steals: int
     requeued: int
     def __init__(self, epoch: _Optional[int] = ..., world: _Optional[int] = ..., num_samples: _Optional[int] = ..., origin: _Optional[str] = ..., stream: _Optional[str] = ..., quota: _Optional[int] = ..., consumed: _Optional[int] = ..., live_consumers: _Optional[int] = ..., steals: _Optional[int] = ..., requeued: _Optional[int] = ...) -> None: ...
+
+class Range(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class LocalRequest(_message.Message):
+    __slots__ = ("consumer", "epoch", "ranges")
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    consumer: int
+    epoch: int
+    ranges: _containers.RepeatedCompositeFieldContainer[Range]
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[Range, _Mapping]]] = ...) -> None: ...
+
+class LocalReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -74,6 +74,11 @@ class CoordinatorStub:
                 request_serializer=stoker_dot___proto_dot_coordinator__pb2.StatusRequest.SerializeToString,
                 response_deserializer=stoker_dot___proto_dot_coordinator__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Local = channel.unary_unary(
+                '/stoker.coordinator.v1.Coordinator/Local',
+                request_serializer=stoker_dot___proto_dot_coordinator__pb2.LocalRequest.SerializeToString,
+                response_deserializer=stoker_dot___proto_dot_coordinator__pb2.LocalReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -138,6 +143,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Local(self, request, context):
+        """The positions of the epoch whose data the consumer's node caches (locality).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +192,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=stoker_dot___proto_dot_coordinator__pb2.StatusRequest.FromString,
                     response_serializer=stoker_dot___proto_dot_coordinator__pb2.StatusReply.SerializeToString,
+            ),
+            'Local': grpc.unary_unary_rpc_method_handler(
+                    servicer.Local,
+                    request_deserializer=stoker_dot___proto_dot_coordinator__pb2.LocalRequest.FromString,
+                    response_serializer=stoker_dot___proto_dot_coordinator__pb2.LocalReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +415,33 @@ class Coordinator:
             '/stoker.coordinator.v1.Coordinator/Status',
             stoker_dot___proto_dot_coordinator__pb2.StatusRequest.SerializeToString,
             stoker_dot___proto_dot_coordinator__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Local(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoker.coordinator.v1.Coordinator/Local',
+            stoker_dot___proto_dot_coordinator__pb2.LocalRequest.SerializeToString,
+            stoker_dot___proto_dot_coordinator__pb2.LocalReply.FromString,
             options,
             channel_credentials,
             insecure,

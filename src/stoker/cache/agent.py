@@ -286,6 +286,10 @@ class Agent:
                 return pb.Response(id=req.id, ack=pb.Ack())
             if kind == "stats":
                 return pb.Response(id=req.id, stats=pb.Stats(json=json.dumps(self.stats())))
+            if kind == "holdings":
+                return pb.Response(
+                    id=req.id, held=pb.Held(blocks=self.holdings(req.holdings.dataset_id))
+                )
             raise AgentError(f"unknown request {kind!r}")
         except StokerError as exc:
             return pb.Response(id=req.id, error=str(exc), error_kind=type(exc).__name__)
@@ -427,6 +431,16 @@ class Agent:
                 started += 1
         if started:
             self.counters.add("prefetches", started)
+
+    def holdings(self, dataset_id: str) -> list[int]:
+        """Blocks of ``dataset_id`` held in either tier, ascending."""
+        with self._lock:
+            mem = {b for (d, b), e in self.memory.entries.items() if d == dataset_id and e.ready}
+        with self.disk._lock:
+            disk = {
+                b for (d, b), e in self.disk.table.entries.items() if d == dataset_id and e.ready
+            }
+        return sorted(mem | disk)
 
     # -- stats and metrics -----------------------------------------------------------
     def stats(self) -> dict[str, Any]:

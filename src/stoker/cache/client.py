@@ -252,6 +252,16 @@ class AgentClient:
     def plan(self, dataset_id: str, blocks: list[int]) -> None:
         self._call(pb.Request(plan=pb.Plan(dataset_id=dataset_id, blocks=blocks)))
 
+    def holdings(self, dataset_id: str) -> list[int]:
+        """Blocks of the dataset this node's agent holds (memory or disk)."""
+        r = self._call(pb.Request(holdings=pb.Holdings(dataset_id=dataset_id)))
+        return [int(b) for b in r.held.blocks]
+
+    @property
+    def node(self) -> str:
+        """This node's cache, named for locality: the host and the agent's directory."""
+        return f"{socket.gethostname()}:{self.paths.cache_dir}"
+
     def stats(self) -> dict[str, Any]:
         """The agent's counters and gauges."""
         return dict(json.loads(self._call(pb.Request(stats=pb.StatsRequest())).stats.json))

@@ -39,6 +39,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="positions a consumer may always read ahead",
     )
     ap.add_argument(
+        "--no-locality",
+        action="store_true",
+        help="grant positions in queue order, ignoring what each node's cache holds",
+    )
+    ap.add_argument(
         "--restore",
         metavar="NAME",
         help="begin from this checkpoint (under --state, checkpoints/<job>/NAME.json) on --world "
@@ -82,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         readahead_seconds=args.readahead,
         min_readahead=args.min_readahead,
+        locality=not args.no_locality,
     )
     coordinator = Coordinator(
         num_samples,

@@ -156,6 +156,17 @@ class CoordinatorClient:
         r = self._call("Checkpoint", pb.CheckpointRequest(epoch=epoch, batches=batches))
         return str(r.name), dict(json.loads(r.snapshot_json))
 
+    def report_local(self, consumer: int, epoch: int, ranges: list[tuple[int, int]]) -> None:
+        """The positions of ``epoch`` whose data the consumer's node caches."""
+        self._call(
+            "Local",
+            pb.LocalRequest(
+                consumer=consumer,
+                epoch=epoch,
+                ranges=[pb.Range(start=a, end=b) for a, b in ranges],
+            ),
+        )
+
     def status(self) -> pb.StatusReply:
         return self._call("Status", pb.StatusRequest())
 

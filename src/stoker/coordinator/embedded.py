@@ -110,6 +110,8 @@ def spawn(
     ]  # fmt: skip
     if drop_remainder:
         cmd.append("--drop-remainder")
+    if not config.locality:
+        cmd.append("--no-locality")
     if restore is not None:
         name, snapshot = restore
         Journal(state_url, job).write_checkpoint(name, snapshot)  # the state travels inline

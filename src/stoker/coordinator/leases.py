@@ -67,6 +67,7 @@ class Consumer:
     rank: int
     worker: int
     last_seen: float
+    node: str = ""  # its machine: consumers of one node share its cache
     rate: float = 0.0  # positions consumed per second since it registered, 0 = unknown
     since: float = 0.0  # when it registered
     read_total: int = 0  # positions of its leases confirmed
@@ -111,6 +112,7 @@ class Config:
     readahead_seconds: float = 5.0  # horizon = read + rate * this
     min_readahead: int = 64  # positions a consumer may always read ahead
     min_steal: int = 2  # do not split leases with fewer stealable positions
+    locality: bool = True  # grant a node the positions its cache holds first
 
 
 class LeaseTable:
@@ -136,6 +138,7 @@ class LeaseTable:
         total = sum(b - a for a, b in self.epoch_set)
         self.quota = total // world
         self.queue: list[tuple[int, int]] = list(self.epoch_set)  # sorted, disjoint
+        self.local: dict[str, list[tuple[int, int]]] = {}  # node -> positions its cache holds
         self.assigned = [0] * world  # per rank: positions in its leases + consumed by it
         self.consumed: list[tuple[int, int]] = []  # sorted, merged
         self.consumers: dict[int, Consumer] = {}
@@ -165,6 +168,7 @@ class LeaseTable:
             "heartbeat": self.heartbeat,
             "confirm": self.confirm,
             "batch": self.confirm_batch,
+            "local": self.report_local,
             "expire": self.expire,
             "revive": self.revive,
         }[event.kind]
@@ -187,7 +191,7 @@ class LeaseTable:
         }
 
     # -- consumers -------------------------------------------------------------------
-    def register(self, rank: int, worker: int, now: float, stream: str = "") -> int:
+    def register(self, rank: int, worker: int, now: float, stream: str = "", node: str = "") -> int:
         """A new consumer of ``rank``; returns its id (never reused).
 
         ``stream`` describes how the consumer maps positions to samples (dataset and
@@ -203,13 +207,27 @@ class LeaseTable:
             )
         cid = self._next_consumer
         self._next_consumer += 1
-        self.consumers[cid] = Consumer(cid, rank, worker, now, since=now)
+        self.consumers[cid] = Consumer(cid, rank, worker, now, since=now, node=node)
+        args: dict[str, Any] = {"rank": rank, "worker": worker}
         if stream and not self.stream:
-            self.stream = stream
-            self._record("register", now, rank=rank, worker=worker, stream=stream)
-        else:
-            self._record("register", now, rank=rank, worker=worker)
+            self.stream = args["stream"] = stream
+        if node:
+            args["node"] = node
+        self._record("register", now, **args)
         return cid
+
+    def report_local(self, consumer: int, ranges: list[list[int]], now: float) -> None:
+        """The positions whose data the consumer's node caches (replaces the node's last
+        report); with ``Config.locality`` fresh leases for that node come from them first."""
+        c = self._live(consumer)
+        c.last_seen = now
+        if c.node:
+            merged: list[tuple[int, int]] = []
+            for a, b in sorted((int(a), int(b)) for a, b in ranges):
+                if b > a:
+                    _insert(merged, (a, b))
+            self.local[c.node] = merged
+        self._record("local", now, consumer=consumer, ranges=[list(r) for r in ranges])
 
     def _live(self, consumer: int) -> Consumer:
         c = self.consumers.get(consumer)
@@ -274,16 +292,44 @@ class LeaseTable:
         self.assigned[c.rank] += end - start
         return ls
 
+    def _pick(self, c: Consumer) -> tuple[int, int, int]:
+        """Where ``c``'s next fresh lease starts: ``(queue index, start, limit)``.
+
+        Without locality, the front of the queue. With it: the first queued
+        positions ``c``'s node caches; else the first that no other node caches;
+        else the front.
+        """
+        a, b = self.queue[0]
+        if not self.config.locality or not self.local:
+            return 0, a, b
+        mine = self.local.get(c.node, [])
+        for i, (qa, qb) in enumerate(self.queue):
+            for la, lb in mine:
+                if la < qb and qa < lb:
+                    return i, max(qa, la), min(qb, lb)
+        others = sorted(r for node, rs in self.local.items() if node != c.node for r in rs)
+        for i, (qa, qb) in enumerate(self.queue):
+            start = qa
+            for la, lb in others:
+                if lb <= start:
+                    continue
+                if la > start:
+                    break
+                start = lb  # inside another node's cached part: skip past it
+            if start < qb:
+                nxt = next((la for la, _ in others if la > start), qb)
+                return i, start, min(qb, nxt)
+        return 0, a, b
+
     def _from_queue(self, c: Consumer, room: int) -> Grant | None:
         if not self.queue:
             return None
-        a, b = self.queue[0]
-        end = min(b, a + self.config.lease_size, a + room)
-        if end == b:
-            self.queue.pop(0)
-        else:
-            self.queue[0] = (end, b)
-        ls = self._new_lease(c, a, end)
+        i, start, limit = self._pick(c)
+        qa, qb = self.queue[i]
+        end = min(limit, start + self.config.lease_size, start + room)
+        rest = [r for r in ((qa, start), (end, qb)) if r[1] > r[0]]
+        self.queue[i : i + 1] = rest
+        ls = self._new_lease(c, start, end)
         return Grant(ls.id, ls.start, ls.end, ls.horizon)
 
     def _steal(self, thief: Consumer, room: int) -> Grant | None:
@@ -622,6 +668,7 @@ class LeaseTable:
             "steals": self.steals,
             "requeued": self.requeued,
             "log": [list(x) for x in self.log],
+            "local": {k: list(v) for k, v in self.local.items()},
             "stream": self.stream,
         }
 

@@ -261,7 +261,9 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             t = self.table
             if t.epoch < request.min_epoch:
                 return pb.RegisterReply(consumer=0, epoch=t.epoch, origin=self.origin)
-            cid = t.register(request.rank, request.worker, self._now(), request.stream)
+            cid = t.register(
+                request.rank, request.worker, self._now(), request.stream, request.node
+            )
             return pb.RegisterReply(
                 consumer=cid, epoch=t.epoch, origin=self.origin, first_step=t.first_step
             )
@@ -347,6 +349,15 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         with self._lock:
             self._checkpoints[key] = (name, text)
         return pb.CheckpointReply(snapshot_json=text, name=name)
+
+    def Local(self, request: pb.LocalRequest, context: grpc.ServicerContext) -> pb.LocalReply:
+        def go() -> pb.LocalReply:
+            self._table(request.epoch).report_local(
+                request.consumer, [[r.start, r.end] for r in request.ranges], self._now()
+            )
+            return pb.LocalReply()
+
+        return self._call(context, go, durable=False)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         with self._lock:

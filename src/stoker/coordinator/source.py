@@ -11,7 +11,7 @@ rank's main process must confirm before the batch reaches training.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,18 +39,26 @@ class LeaseStream:
         *,
         stream: str = "",
         min_epoch: int = 0,
+        node: str = "",
+        local: Callable[[int], list[tuple[int, int]]] | None = None,
     ) -> None:
+        """``node`` names the consumer's cache; ``local(epoch)`` gives the positions of
+        ``epoch`` that cache holds, reported once registered (locality)."""
         self.client = client
         self.wait = wait
         # an epoch's last consumers may finish before the others: the coordinator begins
         # the next epoch only when all are done, so wait for it rather than join the old
         while True:
-            self.consumer, self.epoch = client.register(rank, worker, stream=stream,
+            self.consumer, self.epoch = client.register(rank, worker, node=node, stream=stream,
                                                         min_epoch=min_epoch)  # fmt: skip
             if self.consumer:
                 self.first_step = client.first_step
                 break
             time.sleep(wait)
+        if node and local is not None:
+            ranges = local(self.epoch)
+            if ranges:
+                client.report_local(self.consumer, self.epoch, ranges)
         self._held: dict[int, _Held] = {}
         # every lease granted to us this epoch: a lease read to its end is not confirmed
         # until the rank's main process hands its batch out, so it must not be re-granted

@@ -26,7 +26,7 @@ import multiprocessing as mp
 import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from stoker import plan
 from stoker.coordinator.client import CoordinatorClient
 from stoker.coordinator.source import LeaseStream
 from stoker.loader.dataset import TokenDataset
+from stoker.loader.locality import local_ranges
 
 if TYPE_CHECKING:
     from stoker.loader.fast import _Slots
@@ -60,6 +61,24 @@ def _stream_json(ds: TokenDataset) -> str:
     )
 
 
+def _consumer(ds: TokenDataset) -> dict[str, Any]:
+    """How this rank's consumers describe themselves: the position-to-sample mapping, and,
+    with a node agent, the node's cache and what of each epoch it holds."""
+    out: dict[str, Any] = {"stream": _stream_json(ds)}
+    agent = ds.agent
+    if agent is not None:
+        m = ds.source.manifest
+
+        def local(epoch: int) -> list[tuple[int, int]]:
+            held = agent.holdings(m.dataset_id)
+            return local_ranges(
+                ds.num_samples, ds.seq_len, m.block_tokens, ds.shuffle_config, epoch, held
+            )
+
+        out.update(node=agent.node, local=local)
+    return out
+
+
 def _worker(
     ds: TokenDataset,
     client: CoordinatorClient,
@@ -75,7 +94,7 @@ def _worker(
     reader = ds._reader()
     stream = plan.Stream(ds.num_samples, ds.shuffle_config)
     try:
-        leases = LeaseStream(client, rank, worker, stream=_stream_json(ds), min_epoch=min_epoch)
+        leases = LeaseStream(client, rank, worker, min_epoch=min_epoch, **_consumer(ds))
         conn.send(("epoch", leases.consumer, leases.epoch, leases.first_step))
         for positions, segments in leases.batches(ds.batch_size):
             ids = stream.samples(positions)
@@ -176,7 +195,7 @@ class DynamicEpoch:
         stream = plan.Stream(self.ds.num_samples, self.ds.shuffle_config)
         try:
             leases = LeaseStream(
-                self.client, self.rank, 0, stream=_stream_json(self.ds), min_epoch=self.min_epoch
+                self.client, self.rank, 0, min_epoch=self.min_epoch, **_consumer(self.ds)
             )
             self._began(leases.epoch, leases.first_step)
             for positions, segments in leases.batches(self.ds.batch_size):

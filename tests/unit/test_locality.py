@@ -1,0 +1,48 @@
+"""Which windows of an epoch a node's cache holds, checked against the plan's own mapping."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from stoker import plan
+from stoker.loader.locality import local_ranges
+
+
+def blocks_of(ids: np.ndarray, seq_len: int, bt: int) -> set[int]:
+    out: set[int] = set()
+    for s in ids.tolist():
+        out.update(range(s * seq_len // bt, (s + 1) * seq_len // bt + 1))
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    S=hs.integers(1, 300),
+    seq_len=hs.integers(1, 40),
+    bt=hs.integers(8, 200),
+    shard=hs.integers(1, 20),
+    ws=hs.integers(1, 4),
+    shuffle=hs.booleans(),
+    epoch=hs.integers(0, 3),
+    data=hs.data(),
+)
+def test_the_windows_a_cache_holds_are_reported(S, seq_len, bt, shard, ws, shuffle, epoch, data):
+    config = plan.ShuffleConfig(7, shuffle, shard, ws)
+    order = plan.EpochOrder(S, config, epoch)
+    starts = order.window_start(np.arange(order.num_windows + 1)).tolist()
+    w = data.draw(hs.integers(0, order.num_windows - 1))
+    # the node cached exactly the blocks of window w's samples (found through samples())
+    ids = order.samples(np.arange(starts[w], starts[w + 1]))
+    held = blocks_of(ids, seq_len, bt)
+    got = local_ranges(S, seq_len, bt, config, epoch, held)
+    base = epoch * S
+    assert any(a <= base + starts[w] and base + starts[w + 1] <= b for a, b in got)
+    # every window reported has at least half its blocks held
+    for v in range(order.num_windows):
+        lo, hi = base + starts[v], base + starts[v + 1]
+        inside = any(a <= lo and hi <= b for a, b in got)
+        need = blocks_of(order.samples(np.arange(starts[v], starts[v + 1])), seq_len, bt)
+        assert inside == (len(need & held) >= 0.5 * len(need))
+    assert local_ranges(S, seq_len, bt, config, epoch, []) == []
