@@ -59,9 +59,17 @@ def start_coordinator(state: Path, *args: str) -> tuple[subprocess.Popen[str], s
 
 # -- load ------------------------------------------------------------------------------
 def _load_proc(
-    address: str, consumers: int, concurrency: int, seconds: float, q: Any, rank0: int
+    address: str,
+    consumers: int,
+    concurrency: int,
+    seconds: float,
+    q: Any,
+    rank0: int,
+    per_message: int = 1,
 ) -> None:
-    """One load process: ``concurrency`` asyncio tasks cycling over its consumers."""
+    """One load process: ``concurrency`` asyncio tasks cycling over its consumers; with
+    ``per_message`` > 1 a task sends the Lease calls of that many consumers in one Batch
+    message, then their Confirms in another (as a node-level proxy would)."""
     import asyncio
 
     import grpc
@@ -96,24 +104,58 @@ def _load_proc(
                     )
                     confirm_lat.append(time.perf_counter() - t)
 
+            async def run_batched(mine: list[int]) -> None:
+                groups = [mine[i : i + per_message] for i in range(0, len(mine), per_message)]
+                i = 0
+                while time.perf_counter() < stop_at:
+                    group = groups[i % len(groups)]
+                    i += 1
+                    t = time.perf_counter()
+                    r = await stub.Batch(pb.BatchRequest(calls=[
+                        pb.Call(lease=pb.LeaseRequest(consumer=c, epoch=0)) for c in group
+                    ]))  # fmt: skip
+                    lease_lat.extend([time.perf_counter() - t] * len(group))
+                    confirms = [
+                        pb.Call(confirm=pb.ConfirmRequest(
+                            consumer=c, epoch=0, lease=x.lease.lease, upto=x.lease.end))
+                        for c, x in zip(group, r.results, strict=True)
+                        if x.WhichOneof("kind") == "lease"
+                        and x.lease.status == pb.LeaseReply.GRANTED
+                    ]  # fmt: skip
+                    t = time.perf_counter()
+                    await stub.Batch(pb.BatchRequest(calls=confirms))
+                    confirm_lat.extend([time.perf_counter() - t] * len(confirms))
+
             t0 = time.perf_counter()
-            await asyncio.gather(*(run(ids[k::concurrency]) for k in range(concurrency)))
+            body = run if per_message == 1 else run_batched
+            await asyncio.gather(*(body(ids[k::concurrency]) for k in range(concurrency)))
             return {"lease": lease_lat, "confirm": confirm_lat, "seconds": time.perf_counter() - t0}
 
     q.put(asyncio.run(go()))
 
 
-def bench_load(consumers: int, seconds: float, tmp: Path) -> dict[str, Any]:
+def bench_load(
+    consumers: int, seconds: float, tmp: Path, per_message: int = 1, concurrency: int = 32
+) -> dict[str, Any]:
     proc, address = start_coordinator(
-        tmp / "load", "--world", "8192", "--num-samples", str(1 << 40), "--lease-size", "64"
-    )
+        tmp / f"load{per_message}", "--world", "8192", "--num-samples", str(1 << 40),
+        "--lease-size", "64",
+    )  # fmt: skip
     try:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         procs = [
             ctx.Process(
                 target=_load_proc,
-                args=(address, consumers // 2, 32, seconds, q, k * consumers // 2),
+                args=(
+                    address,
+                    consumers // 2,
+                    concurrency,
+                    seconds,
+                    q,
+                    k * consumers // 2,
+                    per_message,
+                ),
             )
             for k in range(2)
         ]
@@ -134,6 +176,7 @@ def bench_load(consumers: int, seconds: float, tmp: Path) -> dict[str, Any]:
 
     return {
         "consumers": consumers,
+        "per_message": per_message,
         "lease_per_s": len(lease) / secs,
         "calls_per_s": (len(lease) + len(confirm)) / secs,
         "lease_p50_ms": pct(lease, 0.5),
@@ -204,8 +247,18 @@ def bench_dynamic(total: int, tmp: Path) -> tuple[float, int]:
     return took, counts[-1]
 
 
+BATCHED = 64  # calls per Batch message in the batched load run
+
+
+def _verdict(ld: dict[str, Any]) -> str:
+    rate = "rate met" if ld["lease_per_s"] >= 5000 else "rate **missed**"
+    p99 = "p99 met" if ld["lease_p99_ms"] <= 20 else "p99 **missed**"
+    return f"{rate}, {p99}"
+
+
 def render(res: dict[str, Any]) -> str:
-    ld, st = res["load"], res["straggler"]
+    st = res["straggler"]
+    one, batched = res["load"]
     ideal = st["ideal"]
     dyn, static = statistics.median(st["dynamic"]), statistics.median(st["static"])
     lines = [
@@ -217,15 +270,24 @@ def render(res: dict[str, Any]) -> str:
         "",
         "Load: " + __doc__.split("*Load*: ")[1].split("*Straggler*")[0].strip().replace("\n", " "),
         "",
-        "| consumers | lease requests/s | all calls/s | Lease p50 / p99 (ms) | Confirm p50 / p99 (ms) |",
-        "|---:|---:|---:|---:|---:|",
-        f"| {ld['consumers']:,} | {ld['lease_per_s']:,.0f} | {ld['calls_per_s']:,.0f} | "
-        f"{ld['lease_p50_ms']:.1f} / {ld['lease_p99_ms']:.1f} | "
-        f"{ld['confirm_p50_ms']:.1f} / {ld['confirm_p99_ms']:.1f} |",
+        "| consumers | calls per message | lease requests/s | all calls/s | "
+        "Lease p50 / p99 (ms) | Confirm p50 / p99 (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
+        *(
+            f"| {ld['consumers']:,} | {ld['per_message']} | {ld['lease_per_s']:,.0f} | "
+            f"{ld['calls_per_s']:,.0f} | {ld['lease_p50_ms']:.1f} / {ld['lease_p99_ms']:.1f} | "
+            f"{ld['confirm_p50_ms']:.1f} / {ld['confirm_p99_ms']:.1f} |"
+            for ld in (one, batched)
+        ),
         "",
-        f"Targets: >= 5,000 lease requests/s — {ld['lease_per_s']:,.0f} "
-        f"({'met' if ld['lease_per_s'] >= 5000 else '**missed**'}); p99 <= 20 ms — "
-        f"{ld['lease_p99_ms']:.1f} ms ({'met' if ld['lease_p99_ms'] <= 20 else '**missed**'}).",
+        f"Targets: >= 5,000 lease requests/s and p99 <= 20 ms. One call per message: "
+        f"{one['lease_per_s']:,.0f}/s, p99 {one['lease_p99_ms']:.1f} ms ("
+        f"{_verdict(one)}). {BATCHED} consumers' calls per `Batch` message: "
+        f"{batched['lease_per_s']:,.0f}/s, p99 {batched['lease_p99_ms']:.1f} ms ("
+        f"{_verdict(batched)}). A Python gRPC server with its clients on the same two cores "
+        "answers about 1,300 messages per second, so the rate comes from carrying many "
+        "consumers' calls per message; stoker's readers still send one call per message "
+        "(the next step: the node agent batches its node's consumers).",
         "",
         "Straggler: " + __doc__.split("*Straggler*: ")[1].strip().replace("\n", " "),
         "",
@@ -255,7 +317,8 @@ def main() -> int:
     rounds = 1 if args.quick else 3
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        load = bench_load(256 if args.quick else 8192, 2.0 if args.quick else 10.0, tmp)
+        n, secs = (256, 2.0) if args.quick else (8192, 10.0)
+        load = [bench_load(n, secs, tmp), bench_load(n, secs, tmp, BATCHED, concurrency=4)]
         print(f"load: {load}", flush=True)
         static, dynamic, slow = [], [], []
         for r in range(rounds):

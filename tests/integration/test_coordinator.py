@@ -135,6 +135,44 @@ def test_refusals_name_the_reason(tmp_path: Path, coordinators: Coordinators) ->
     client.confirm(cid, epoch, r.lease, r.horizon)
 
 
+def test_a_batch_answers_each_call_as_if_alone_and_survives_a_restart(
+    tmp_path: Path, coordinators: Coordinators
+) -> None:
+    from stoker._proto import coordinator_pb2 as pb
+
+    args = ("--state", str(tmp_path / "s"), "--world", "2", "--num-samples", "100",
+            "--lease-size", "10", "--min-readahead", "10")  # fmt: skip
+    proc, address = coordinators.start(*args)
+    client = CoordinatorClient(address, retry_for=20)
+    a, epoch = client.register(0, 0)
+    b, _ = client.register(1, 0)
+    out = client.batch([
+        pb.Call(lease=pb.LeaseRequest(consumer=a, epoch=epoch)),
+        pb.Call(lease=pb.LeaseRequest(consumer=b, epoch=epoch)),
+        pb.Call(lease=pb.LeaseRequest(consumer=999, epoch=epoch)),
+        pb.Call(confirm=pb.ConfirmRequest(consumer=a, epoch=epoch, lease=77, upto=1)),
+    ])  # fmt: skip
+    assert [r.WhichOneof("kind") for r in out] == ["lease", "lease", "error", "error"]
+    ga, gb = out[0].lease, out[1].lease
+    assert (ga.start, ga.end, gb.start, gb.end) == (0, 10, 10, 20)  # as if sent one by one
+    assert out[2].error.code == "NOT_FOUND" and "never registered" in out[2].error.message
+    assert out[3].error.code == "NOT_FOUND" and "not held" in out[3].error.message
+    done = client.batch([
+        pb.Call(confirm=pb.ConfirmRequest(consumer=a, epoch=epoch, lease=ga.lease, upto=10)),
+        pb.Call(confirm=pb.ConfirmRequest(consumer=b, epoch=epoch, lease=gb.lease, upto=14)),
+    ])  # fmt: skip
+    assert [r.WhichOneof("kind") for r in done] == ["confirm", "confirm"]
+    assert [r.confirm.lease_done for r in done] == [True, False]
+    # the confirms were journaled before the answer: a restarted coordinator has them
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _, address = coordinators.start(*args[:-4], "--lease-size", "10", "--min-readahead", "10",
+                                    "--bind", address)  # fmt: skip
+    st = client.status()
+    assert st.consumed == 14
+    assert client.confirm(b, epoch, gb.lease, gb.end) is True  # b's lease survived
+
+
 def test_off_loopback_needs_a_token(tmp_path: Path, coordinators: Coordinators) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "stoker.cli", "coordinator", "--bind", "0.0.0.0:0", "--state",

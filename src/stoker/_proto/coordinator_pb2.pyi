@@ -228,3 +228,49 @@ class LocalRequest(_message.Message):
 class LocalReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class Call(_message.Message):
+    __slots__ = ("lease", "heartbeat", "confirm", "confirm_batch")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseRequest
+    heartbeat: HeartbeatRequest
+    confirm: ConfirmRequest
+    confirm_batch: ConfirmBatchRequest
+    def __init__(self, lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmRequest, _Mapping]] = ..., confirm_batch: _Optional[_Union[ConfirmBatchRequest, _Mapping]] = ...) -> None: ...
+
+class CallError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Result(_message.Message):
+    __slots__ = ("lease", "heartbeat", "confirm", "confirm_batch", "error")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    lease: LeaseReply
+    heartbeat: HeartbeatReply
+    confirm: ConfirmReply
+    confirm_batch: ConfirmBatchReply
+    error: CallError
+    def __init__(self, lease: _Optional[_Union[LeaseReply, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmReply, _Mapping]] = ..., confirm_batch: _Optional[_Union[ConfirmBatchReply, _Mapping]] = ..., error: _Optional[_Union[CallError, _Mapping]] = ...) -> None: ...
+
+class BatchRequest(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[Call]
+    def __init__(self, calls: _Optional[_Iterable[_Union[Call, _Mapping]]] = ...) -> None: ...
+
+class BatchReply(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[Result]
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...

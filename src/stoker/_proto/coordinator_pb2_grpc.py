@@ -79,6 +79,11 @@ class CoordinatorStub:
                 request_serializer=stoker_dot___proto_dot_coordinator__pb2.LocalRequest.SerializeToString,
                 response_deserializer=stoker_dot___proto_dot_coordinator__pb2.LocalReply.FromString,
                 _registered_method=True)
+        self.Batch = channel.unary_unary(
+                '/stoker.coordinator.v1.Coordinator/Batch',
+                request_serializer=stoker_dot___proto_dot_coordinator__pb2.BatchRequest.SerializeToString,
+                response_deserializer=stoker_dot___proto_dot_coordinator__pb2.BatchReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -150,6 +155,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Batch(self, request, context):
+        """Many consumers' calls in one message (a node's or a process's consumers together):
+        answered in order, each as if sent alone, with one journal write for all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +210,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Local,
                     request_deserializer=stoker_dot___proto_dot_coordinator__pb2.LocalRequest.FromString,
                     response_serializer=stoker_dot___proto_dot_coordinator__pb2.LocalReply.SerializeToString,
+            ),
+            'Batch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Batch,
+                    request_deserializer=stoker_dot___proto_dot_coordinator__pb2.BatchRequest.FromString,
+                    response_serializer=stoker_dot___proto_dot_coordinator__pb2.BatchReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +460,33 @@ class Coordinator:
             '/stoker.coordinator.v1.Coordinator/Local',
             stoker_dot___proto_dot_coordinator__pb2.LocalRequest.SerializeToString,
             stoker_dot___proto_dot_coordinator__pb2.LocalReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Batch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoker.coordinator.v1.Coordinator/Batch',
+            stoker_dot___proto_dot_coordinator__pb2.BatchRequest.SerializeToString,
+            stoker_dot___proto_dot_coordinator__pb2.BatchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -150,6 +150,11 @@ class CoordinatorClient:
         }
         return [out[a] for a in r.answers]
 
+    def batch(self, calls: list[pb.Call]) -> list[pb.Result]:
+        """Many consumers' calls in one message; a result per call, in order (each an
+        answer or a ``CallError``). Retried as a whole: every call is idempotent."""
+        return list(self._call("Batch", pb.BatchRequest(calls=calls)).results)
+
     def checkpoint(self, epoch: int, batches: int) -> tuple[str, dict[str, Any]]:
         """``(name, snapshot)`` of the moment every rank had handed out ``batches``
         batches of ``epoch``; the coordinator also stores it under its state URL."""

@@ -107,6 +107,12 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.write_interval = 0.05
         self._taken = 0
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
+        self._handlers: dict[str, Any] = {
+            "lease": self._lease,
+            "heartbeat": self._heartbeat,
+            "confirm": self._confirm,
+            "confirm_batch": self._confirm_batch,
+        }
         events = [Event.from_json(e) for e in self.journal.read()]
         tables = _split_epochs(events)
         # the epoch before the current one answers its consumers' last calls (DONE, retries)
@@ -270,63 +276,87 @@ class Coordinator(pb_grpc.CoordinatorServicer):
 
         return self._call(context, go, durable=True)
 
-    def Lease(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
-        def go() -> pb.LeaseReply:
-            g = self._table(request.epoch).request(
-                request.consumer, self._now(), list(request.held)
-            )
-            if g is None:
-                return pb.LeaseReply(status=pb.LeaseReply.DONE)
-            if g is WAIT:
-                return pb.LeaseReply(status=pb.LeaseReply.WAIT)
-            return pb.LeaseReply(
-                status=pb.LeaseReply.GRANTED,
-                lease=g.lease,
-                start=g.start,
-                end=g.end,
-                horizon=g.horizon,
-            )
+    # -- the calls, on the table (with the lock held) ------------------------------------
+    def _lease(self, request: pb.LeaseRequest) -> pb.LeaseReply:
+        g = self._table(request.epoch).request(request.consumer, self._now(), list(request.held))
+        if g is None:
+            return pb.LeaseReply(status=pb.LeaseReply.DONE)
+        if g is WAIT:
+            return pb.LeaseReply(status=pb.LeaseReply.WAIT)
+        return pb.LeaseReply(
+            status=pb.LeaseReply.GRANTED, lease=g.lease, start=g.start, end=g.end, horizon=g.horizon
+        )
 
-        return self._call(context, go, durable=False)
+    def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatReply:
+        limits = self._table(request.epoch).heartbeat(
+            request.consumer, self._now(), request.lease, request.read if request.lease else -1
+        )
+        return pb.HeartbeatReply(
+            leases=[pb.LeaseLimits(lease=k, end=e, horizon=h) for k, (e, h) in limits.items()]
+        )
+
+    def _confirm(self, request: pb.ConfirmRequest) -> pb.ConfirmReply:
+        table = self._table(request.epoch)
+        done = table.confirm(request.consumer, request.lease, request.upto, self._now())
+        return pb.ConfirmReply(lease_done=done)
+
+    def _confirm_batch(self, request: pb.ConfirmBatchRequest) -> pb.ConfirmBatchReply:
+        answers = self._table(request.epoch).confirm_batch(
+            request.consumer,
+            request.seq,
+            [[x.lease, x.upto, x.rows] for x in request.segments],
+            request.batch_size,
+            self._now(),
+        )
+        codes = {True: pb.ConfirmBatchReply.LEASE_DONE, False: pb.ConfirmBatchReply.CONFIRMED}
+        return pb.ConfirmBatchReply(
+            answers=[pb.ConfirmBatchReply.REFUSED if a is None else codes[a] for a in answers]
+        )
+
+    # -- RPCs (continued) -----------------------------------------------------------------
+    def Lease(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
+        return self._call(context, lambda: self._lease(request), durable=False)
 
     def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.HeartbeatReply:
-        def go() -> pb.HeartbeatReply:
-            limits = self._table(request.epoch).heartbeat(
-                request.consumer, self._now(), request.lease, request.read if request.lease else -1
-            )
-            return pb.HeartbeatReply(
-                leases=[pb.LeaseLimits(lease=k, end=e, horizon=h) for k, (e, h) in limits.items()]
-            )
-
-        return self._call(context, go, durable=False)
+        return self._call(context, lambda: self._heartbeat(request), durable=False)
 
     def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmReply:
-        def go() -> pb.ConfirmReply:
-            table = self._table(request.epoch)
-            done = table.confirm(request.consumer, request.lease, request.upto, self._now())
-            return pb.ConfirmReply(lease_done=done)
-
-        return self._call(context, go, durable=True)
+        return self._call(context, lambda: self._confirm(request), durable=True)
 
     def ConfirmBatch(
         self, request: pb.ConfirmBatchRequest, context: grpc.ServicerContext
     ) -> pb.ConfirmBatchReply:
-        def go() -> pb.ConfirmBatchReply:
-            answers = self._table(request.epoch).confirm_batch(
-                request.consumer,
-                request.seq,
-                [[x.lease, x.upto, x.rows] for x in request.segments],
-                request.batch_size,
-                self._now(),
-            )
-            codes = {True: pb.ConfirmBatchReply.LEASE_DONE, False: pb.ConfirmBatchReply.CONFIRMED}
-            return pb.ConfirmBatchReply(
-                answers=[pb.ConfirmBatchReply.REFUSED if a is None else codes[a] for a in answers]
-            )
+        return self._call(context, lambda: self._confirm_batch(request), durable=True)
 
-        return self._call(context, go, durable=True)
+    def Batch(self, request: pb.BatchRequest, context: grpc.ServicerContext) -> pb.BatchReply:
+        """Each call as if alone (its own answer or error), under one lock and, when any of
+        them must be durable, one journal write."""
+        results = []
+        durable = False
+        with self._lock:
+            for call in request.calls:
+                kind = call.WhichOneof("kind")
+                handler = self._handlers.get(kind or "")
+                if handler is None:
+                    results.append(
+                        pb.Result(error=pb.CallError(code="INVALID_ARGUMENT", message="empty call"))
+                    )
+                    continue
+                try:
+                    out = handler(getattr(call, kind))
+                    results.append(pb.Result(**{kind: out}))
+                    durable |= kind in ("confirm", "confirm_batch")
+                except LeaseError as exc:
+                    code = _CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT).name
+                    results.append(pb.Result(error=pb.CallError(code=code, message=str(exc))))
+                self._flush()
+                self._advance()
+            mine = self._flush()
+        if durable:
+            self._sync(mine)
+        return pb.BatchReply(results=results)
 
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
