@@ -60,6 +60,7 @@ class LeaseStream:
             if ranges:
                 client.report_local(self.consumer, self.epoch, ranges)
         self._held: dict[int, _Held] = {}
+        self._last: int | None = None  # the lease the last batch ended in
         # every lease granted to us this epoch: a lease read to its end is not confirmed
         # until the rank's main process hands its batch out, so it must not be re-granted
         self._granted: set[int] = set()
@@ -87,6 +88,14 @@ class LeaseStream:
             time.sleep(self.wait)  # WAIT: every position is in someone's lease; ask again
             self._update(self.client.heartbeat(self.consumer, self.epoch))
 
+    def upcoming(self, limit: int) -> np.ndarray:
+        """Up to ``limit`` positions this consumer reads next, as far as it knows: the rest
+        of the lease its last batch ended in (to plan prefetching; part may be stolen)."""
+        h = self._held.get(self._last) if self._last is not None else None
+        if h is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.arange(h.read, min(h.end, h.read + limit), dtype=np.int64)
+
     def batches(self, size: int) -> Iterator[tuple[np.ndarray, list[tuple[int, int, int]]]]:
         """``(positions, segments)`` of up to ``size`` positions; the last may be shorter.
 
@@ -105,6 +114,7 @@ class LeaseStream:
                 self._update(self.client.heartbeat(self.consumer, self.epoch, lease, h.read))
                 continue
             upto = min(h.horizon, h.end, h.read + size - have)
+            self._last = lease
             parts.append(np.arange(h.read, upto, dtype=np.int64))
             segments.append((lease, upto, upto - h.read))
             have += upto - h.read

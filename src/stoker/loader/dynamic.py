@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import threading
 import traceback
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +35,8 @@ import numpy as np
 import torch
 
 from stoker import plan
-from stoker.coordinator.client import CoordinatorClient
+from stoker._proto import coordinator_pb2 as pb
+from stoker.coordinator.client import CoordinatorClient, LeaseRejected
 from stoker.coordinator.source import LeaseStream
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.locality import local_ranges
@@ -79,6 +83,103 @@ def _consumer(ds: TokenDataset) -> dict[str, Any]:
     return out
 
 
+#: Batches a rank reads ahead while their confirms are in flight: one coordinator round
+#: trip and journal write (a few ms) then covers many batches.
+CONFIRM_WINDOW = 16
+
+
+class _Confirmer:
+    """Confirms a rank's batches in order on a thread of its own, as many per message as
+    are waiting (``Batch`` of ``ConfirmBatch`` calls), so the coordinator's round trip
+    and journal write overlap the reading of the next batches and the training step."""
+
+    def __init__(self, client: CoordinatorClient, size: int) -> None:
+        self.client, self.size = client, size
+        self.seq = 0
+        self._queue: deque[tuple[Future[list[bool | None]], Any]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="stoker-confirm")
+        self._thread.start()
+
+    def submit(self, epoch: int, consumer: int, segments: Segments) -> Future[list[bool | None]]:
+        """Confirm the rank's next batch; the future gives an answer per segment."""
+        call = pb.Call(
+            confirm_batch=pb.ConfirmBatchRequest(
+                consumer=consumer,
+                epoch=epoch,
+                seq=self.seq,
+                segments=[pb.Segment(lease=a, upto=u, rows=n) for a, u, n in segments],
+                batch_size=self.size,
+            )
+        )
+        self.seq += 1
+        fut: Future[list[bool | None]] = Future()
+        with self._cv:
+            self._queue.append((fut, call))
+            self._cv.notify()
+        return fut
+
+    def _run(self) -> None:
+        answers = {
+            pb.ConfirmBatchReply.CONFIRMED: False,
+            pb.ConfirmBatchReply.LEASE_DONE: True,
+            pb.ConfirmBatchReply.REFUSED: None,
+        }
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                work = list(self._queue)
+                self._queue.clear()
+            try:
+                results = self.client.batch([call for _, call in work])
+            except BaseException as exc:  # the coordinator is gone: every waiter learns it
+                for fut, _ in work:
+                    fut.set_exception(exc)
+                continue
+            for (fut, _), r in zip(work, results, strict=True):
+                if r.WhichOneof("kind") == "error":
+                    fut.set_exception(LeaseRejected(r.error.code, r.error.message))
+                else:
+                    fut.set_result([answers[a] for a in r.confirm_batch.answers])
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join()
+
+
+class _Ahead:
+    """Sample ids of a consumer's positions, worked out a stretch of its lease at a time,
+    with the reader planned on that whole stretch (so its blocks are prefetched) instead
+    of one batch: mapping positions to samples and scheduling blocks cost about the same
+    for a batch as for thousands of positions."""
+
+    def __init__(self, ds: TokenDataset, reader: Any, leases: LeaseStream) -> None:
+        self.stream = plan.Stream(ds.num_samples, ds.shuffle_config)
+        self.reader, self.leases = reader, leases
+        self.limit = max(ds.batch_size, reader.horizon)
+        self.pos = np.zeros(0, dtype=np.int64)
+        self._ids = self.pos
+        self.i = 0
+
+    def ids(self, positions: np.ndarray) -> np.ndarray:
+        n = len(positions)
+        if np.array_equal(self.pos[self.i : self.i + n], positions):
+            self.i += n  # as planned
+            return self._ids[self.i - n : self.i]
+        # a new lease (or a stolen end): plan again from here
+        self.pos = np.concatenate([positions, self.leases.upcoming(self.limit)])
+        self._ids = self.stream.samples(self.pos)
+        self.reader.plan(self._ids, np.zeros(0, dtype=np.int64))
+        self.i = n
+        return self._ids[:n]
+
+
 def _worker(
     ds: TokenDataset,
     client: CoordinatorClient,
@@ -92,13 +193,12 @@ def _worker(
 
     torch.set_num_threads(1)
     reader = ds._reader()
-    stream = plan.Stream(ds.num_samples, ds.shuffle_config)
     try:
         leases = LeaseStream(client, rank, worker, min_epoch=min_epoch, **_consumer(ds))
         conn.send(("epoch", leases.consumer, leases.epoch, leases.first_step))
+        ahead = _Ahead(ds, reader, leases)
         for positions, segments in leases.batches(ds.batch_size):
-            ids = stream.samples(positions)
-            reader.plan(ids, np.zeros(0, dtype=np.int64))
+            ids = ahead.ids(positions)
             slot = conn.recv()
             if slot is None:
                 return
@@ -134,7 +234,6 @@ class DynamicEpoch:
         self.dropped = 0  # rows whose confirm was refused
         self.delivered = 0  # rows handed out
         self.batches = 0  # batches of the epoch handed out (counting those before a restore)
-        self.seq = 0  # batches confirmed
         self.finished = False
 
     def _began(self, epoch: int, first_step: int) -> None:
@@ -142,13 +241,8 @@ class DynamicEpoch:
             self.epoch = epoch
             self.batches = first_step
 
-    def _confirm(self, consumer: int, batch: Batch, segments: Segments) -> Batch:
-        """Confirm the batch (the next of the rank's log); keep the accepted rows."""
-        assert self.epoch is not None
-        answers = self.client.confirm_batch(
-            consumer, self.epoch, self.seq, segments, self.ds.batch_size
-        )
-        self.seq += 1
+    def _keep(self, batch: Batch, segments: Segments, answers: list[bool | None]) -> Batch:
+        """The rows of ``batch`` whose segments the coordinator accepted."""
         keep = np.ones(len(batch["sample_id"]), dtype=bool)
         row = 0
         for (_, _, rows), answer in zip(segments, answers, strict=True):
@@ -166,15 +260,31 @@ class DynamicEpoch:
         they come, the short ones' rows re-cut at the end."""
         B = self.ds.batch_size
         held: list[Batch] = []
-        for consumer, batch, segments in self._produce():
-            out = self._confirm(consumer, batch, segments)
-            if len(out["sample_id"]) < B:
-                if len(out["sample_id"]):
-                    held.append(out)
-                continue
-            self.delivered += B
-            self.batches += 1
-            yield out
+        pending: deque[tuple[Batch, Segments, Future[list[bool | None]]]] = deque()
+        confirmer = _Confirmer(self.client, B)
+        window = max(self.prefetch, CONFIRM_WINDOW)
+
+        def hand_out() -> Iterator[Batch]:
+            batch, segments, answer = pending.popleft()
+            out = self._keep(batch, segments, answer.result())
+            if len(out["sample_id"]) == B:
+                self.delivered += B
+                self.batches += 1
+                yield out
+            elif len(out["sample_id"]):
+                held.append(out)
+
+        try:
+            for consumer, batch, segments in self._produce():
+                assert self.epoch is not None
+                pending.append((batch, segments, confirmer.submit(self.epoch, consumer, segments)))
+                # hand out what is confirmed; wait for a confirm only with `window` queued
+                while pending and (pending[0][2].done() or len(pending) > window):
+                    yield from hand_out()
+            while pending:
+                yield from hand_out()
+        finally:
+            confirmer.close()
         if held:
             merged = {k: torch.cat([r[k] for r in held]) for k in held[0]}
             n = len(merged["sample_id"])
@@ -192,15 +302,14 @@ class DynamicEpoch:
 
     def _in_process(self) -> Iterator[tuple[int, Batch, Segments]]:
         reader = self.ds._reader()
-        stream = plan.Stream(self.ds.num_samples, self.ds.shuffle_config)
         try:
             leases = LeaseStream(
                 self.client, self.rank, 0, min_epoch=self.min_epoch, **_consumer(self.ds)
             )
             self._began(leases.epoch, leases.first_step)
+            ahead = _Ahead(self.ds, reader, leases)
             for positions, segments in leases.batches(self.ds.batch_size):
-                ids = stream.samples(positions)
-                reader.plan(ids, np.zeros(0, dtype=np.int64))
+                ids = ahead.ids(positions)
                 toks, mask = reader.read(ids)
                 batch = {"tokens": torch.from_numpy(toks), "sample_id": torch.from_numpy(ids)}
                 if mask is not None:
