@@ -128,6 +128,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         workdir=args.workdir,
         num_workers=args.num_workers,
+        metrics_port=None if args.no_metrics else args.metrics_port,
     )
 
 
@@ -185,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-size", type=int, default=8)
     d.add_argument("--num-workers", type=int, default=0)
     d.add_argument("--workdir", help="keep the dataset here (default: a temporary directory)")
+    d.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9400,
+        help="rank r serves Prometheus metrics on 127.0.0.1:PORT+r (default 9400)",
+    )
+    d.add_argument("--no-metrics", action="store_true", help="serve no metrics")
     d.set_defaults(func=cmd_demo)
 
     from stoker.cache import agent

@@ -4,15 +4,17 @@ Everything runs on the CPU with nothing started by hand: the text comes from
 the docstrings of Python's own standard library (present wherever Python is),
 a small BPE tokenizer is trained on it, ``build-tokens`` writes the dataset,
 and ``world`` ranks train a tiny causal transformer with DDP over gloo, fed by
-:class:`stoker.TokenDataset`. Then an exact-resume check: a fresh dataset
-restored from the state saved halfway must yield the very samples the
-uninterrupted run saw after that point.
+:class:`stoker.TokenLoader`, each rank serving its metrics on
+``metrics_port + rank`` (``stoker top`` and ``stoker doctor`` read them). Then
+an exact-resume check: a fresh loader restored from the state saved halfway
+must yield the very samples the uninterrupted run saw after that point.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import socket
 import sys
@@ -117,11 +119,11 @@ def _rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], results: A
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    from stoker import TokenDataset
+    from stoker import TokenDataset, TokenLoader
 
+    os.environ["LOCAL_RANK"] = str(rank)  # one machine: the metrics port is per rank
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -129,11 +131,12 @@ def _rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], results: A
     torch.manual_seed(0)
     L, B = cfg["seq_len"], cfg["batch_size"]
 
-    def make_loader() -> tuple[Any, Any]:
+    def make_loader(metrics: int | None = None) -> tuple[Any, Any]:
         ds = TokenDataset(cfg["dataset"], seq_len=L, batch_size=B, seed=1234)
-        return ds, DataLoader(ds, batch_size=B, num_workers=cfg["num_workers"])
+        return ds, TokenLoader(ds, cfg["num_workers"], metrics_port=metrics)
 
-    ds, loader = make_loader()
+    ds, loader = make_loader(cfg["metrics_port"])
+
     model = _TinyLM(ds.manifest.vocab_size, L)
     ddp = DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
@@ -147,7 +150,7 @@ def _rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], results: A
     t_start = time.perf_counter()
     for step in range(steps):
         if step == half:
-            state = ds.state_dict()
+            state = loader.state_dict()
         t0 = time.perf_counter()
         batch = next(it)
         t1 = time.perf_counter()
@@ -169,7 +172,7 @@ def _rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], results: A
 
     # exact resume: a new dataset restored from the halfway state
     ds2, loader2 = make_loader()
-    ds2.load_state_dict(state)
+    loader2.load_state_dict(state)
     it2 = _batches(loader2, ds2)
     resumed = [next(it2)["sample_id"].tolist() for _ in range(steps - half)]
     mismatches = sum(a != b for a, b in zip(resumed, seen[half:]))
@@ -225,6 +228,7 @@ def run_demo(
     batch_size: int = 8,
     workdir: str | None = None,
     num_workers: int = 0,
+    metrics_port: int | None = 9400,
 ) -> int:
     import torch.multiprocessing as tmp
 
@@ -237,6 +241,7 @@ def run_demo(
             "batch_size": batch_size,
             "steps": max(2, steps),
             "num_workers": num_workers,
+            "metrics_port": metrics_port,
         }
         ctx = tmp.get_context("spawn")
         results = ctx.SimpleQueue()
@@ -245,6 +250,9 @@ def run_demo(
             f"[demo] training a tiny transformer on {world} CPU ranks (gloo), "
             f"{cfg['steps']} steps of {batch_size} x {seq_len + 1} tokens per rank"
         )
+        if metrics_port is not None:
+            ports = ", ".join(f"127.0.0.1:{metrics_port + r}" for r in range(world))
+            print(f"[demo] metrics of each rank at http://{{{ports}}}/metrics (stoker top)")
         procs = [
             ctx.Process(target=_rank_main, args=(r, world, port, cfg, results))
             for r in range(world)

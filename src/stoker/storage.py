@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from stoker._httpfs import HTTPFS
 from stoker._localfs import LocalFS
 from stoker.errors import StorageError, UnreachableError
+from stoker.metrics import METRICS
 
 T = TypeVar("T")
 
@@ -220,6 +221,7 @@ class Storage:
             except Exception as exc:
                 kind = _classify(exc)
                 self.stats.errors += 1
+                METRICS.storage_event("errors")
                 if kind == "missing":
                     raise FileNotFoundError(f"{what}: not found") from exc
                 if kind == "fatal":
@@ -237,13 +239,16 @@ class Storage:
                         f"{what}: failed after {attempt} attempts ({type(exc).__name__}: {exc})"
                     ) from exc
                 self.stats.retries += 1
+                METRICS.storage_event("retries")
                 time.sleep(min(r.max_backoff, r.backoff * 2 ** (attempt - 1)))
 
     def read(self, path: str) -> bytes:
         """A whole file."""
         full = self.full(path)
+        t = time.perf_counter()
         data = self._with_retries(self.url_of(path), lambda: self.fs.cat_file(full))
         self.stats.add(len(data))
+        METRICS.storage_read(len(data), time.perf_counter() - t)
         return bytes(data)
 
     def read_range(self, path: str, start: int, stop: int) -> bytes:
@@ -257,8 +262,10 @@ class Storage:
                 raise StorageError(f"{where}: short read of {len(data)} bytes")
             return bytes(data)
 
+        t = time.perf_counter()
         data = self._with_retries(where, get)
         self.stats.add(len(data))
+        METRICS.storage_read(len(data), time.perf_counter() - t)
         return data
 
     def exists(self, path: str) -> bool:

@@ -39,6 +39,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="positions a consumer may always read ahead",
     )
     ap.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any free port)",
+    )
+    ap.add_argument(
         "--no-locality",
         action="store_true",
         help="grant positions in queue order, ignoring what each node's cache holds",
@@ -102,8 +107,15 @@ def run(args: argparse.Namespace) -> int:
         restore=args.restore,
     )
     server = Server(coordinator, args.bind, token).start()
+    metrics = ""
+    if args.metrics_port is not None:
+        from stoker.coordinator.service import CoordinatorCollector
+        from stoker.metrics import serve
+
+        port = serve(args.metrics_port, extra=[CoordinatorCollector(coordinator)])
+        metrics = f", metrics on 127.0.0.1:{port}"
     print(
-        f"stoker coordinator: serving {server.address} (epoch {coordinator.table.epoch})",
+        f"stoker coordinator: serving {server.address} (epoch {coordinator.table.epoch}{metrics})",
         flush=True,
     )
     done = threading.Event()

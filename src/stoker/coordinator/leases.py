@@ -158,6 +158,8 @@ class LeaseTable:
         self.events: list[Event] = [Event("begin", 0.0, self._begin_args())]
         self.steals = 0
         self.requeued = 0
+        self.granted = 0
+        self.by_rank = [0] * world  # positions each rank confirmed in this table
 
     # -- events ----------------------------------------------------------------------
     def apply(self, event: Event) -> Any:
@@ -288,6 +290,7 @@ class LeaseTable:
         ls.horizon = min(end, start + self._readahead(c))
         self._next_lease += 1
         self.leases[ls.id] = ls
+        self.granted += 1
         c.leases.append(ls.id)
         self.assigned[c.rank] += end - start
         return ls
@@ -430,6 +433,7 @@ class LeaseTable:
         if upto > ls.confirmed:
             _insert(self.consumed, (ls.confirmed, upto))
             self._consumed(c, upto - ls.confirmed, now)
+            self.by_rank[c.rank] += upto - ls.confirmed
             ls.confirmed = upto
             ls.read = max(ls.read, upto)
         c.last_seen = now

@@ -107,6 +107,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.write_interval = 0.05
         self._taken = 0
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
+        self.metrics = _Metrics()
         self._handlers: dict[str, Any] = {
             "lease": self._lease,
             "heartbeat": self._heartbeat,
@@ -215,6 +216,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         nxt = fresh if self.drop_remainder else _pairs(intervals.make(t.leftover() + fresh))
         self._flush()
         self.previous = t
+        self.metrics.close_table(t)
         self.table = LeaseTable(
             t.epoch + 1, nxt, self.world, self.config, stream=t.stream, first_ids=t.next_ids
         )
@@ -222,7 +224,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self._flush()
         log.info("epoch %d done; epoch %d begins", t.epoch, t.epoch + 1)
 
-    def _call(self, context: grpc.ServicerContext, fn: Any, durable: bool) -> Any:
+    def _call(self, context: grpc.ServicerContext, fn: Any, durable: bool, method: str = "") -> Any:
         """Run ``fn`` on the table; a ``durable`` call answers only once it is journaled.
 
         Confirms and registrations are durable: a consumer acts on them (hands a batch
@@ -230,17 +232,21 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         restarted coordinator refuses the lease's confirms, so its rows are dropped and
         delivered by whoever gets the positions next.
         """
-        with self._lock:
-            try:
-                out = fn()
-            except LeaseError as exc:
-                self._flush()
-                context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
-            mine = self._flush()
-            self._advance()
-        if durable:
-            self._sync(mine)
-        return out
+        t = time.perf_counter()
+        try:
+            with self._lock:
+                try:
+                    out = fn()
+                except LeaseError as exc:
+                    self._flush()
+                    context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+                mine = self._flush()
+                self._advance()
+            if durable:
+                self._sync(mine)
+            return out
+        finally:
+            self.metrics.observe(method, time.perf_counter() - t)
 
     def expire(self) -> list[int]:
         with self._lock:
@@ -315,26 +321,27 @@ class Coordinator(pb_grpc.CoordinatorServicer):
 
     # -- RPCs (continued) -----------------------------------------------------------------
     def Lease(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
-        return self._call(context, lambda: self._lease(request), durable=False)
+        return self._call(context, lambda: self._lease(request), False, "Lease")
 
     def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.HeartbeatReply:
-        return self._call(context, lambda: self._heartbeat(request), durable=False)
+        return self._call(context, lambda: self._heartbeat(request), False, "Heartbeat")
 
     def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmReply:
-        return self._call(context, lambda: self._confirm(request), durable=True)
+        return self._call(context, lambda: self._confirm(request), True, "Confirm")
 
     def ConfirmBatch(
         self, request: pb.ConfirmBatchRequest, context: grpc.ServicerContext
     ) -> pb.ConfirmBatchReply:
-        return self._call(context, lambda: self._confirm_batch(request), durable=True)
+        return self._call(context, lambda: self._confirm_batch(request), True, "ConfirmBatch")
 
     def Batch(self, request: pb.BatchRequest, context: grpc.ServicerContext) -> pb.BatchReply:
         """Each call as if alone (its own answer or error), under one lock and, when any of
         them must be durable, one journal write."""
         results = []
         durable = False
+        t = time.perf_counter()
         with self._lock:
             for call in request.calls:
                 kind = call.WhichOneof("kind")
@@ -356,6 +363,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             mine = self._flush()
         if durable:
             self._sync(mine)
+        self.metrics.observe("Batch", time.perf_counter() - t)
         return pb.BatchReply(results=results)
 
     def Checkpoint(
@@ -409,6 +417,107 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         return pb.DatasetReply(
             manifest_json=self.manifest_json, index=self.index, url=self.dataset_url
         )
+
+
+class _Metrics:
+    """The coordinator's counters across epochs, and call latencies by method."""
+
+    def __init__(self) -> None:
+        from stoker.metrics import Histogram
+
+        self._lock = threading.Lock()
+        self.latency: dict[str, Histogram] = {}
+        self.done = {"granted": 0, "steals": 0, "requeued": 0}
+        self.by_rank: dict[int, int] = {}
+        self._histogram = Histogram
+
+    def observe(self, method: str, seconds: float) -> None:
+        if not method:
+            return
+        with self._lock:
+            h = self.latency.get(method)
+            if h is None:
+                h = self.latency[method] = self._histogram()
+            h.observe(seconds)
+
+    def close_table(self, t: LeaseTable) -> None:
+        with self._lock:
+            self.done["granted"] += t.granted
+            self.done["steals"] += t.steals
+            self.done["requeued"] += t.requeued
+            for r, n in enumerate(t.by_rank):
+                self.by_rank[r] = self.by_rank.get(r, 0) + n
+
+
+class CoordinatorCollector:
+    """The Prometheus view of a coordinator (``stoker_coordinator_*``)."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.c = coordinator
+
+    def collect(self) -> Any:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        from stoker.metrics import BUCKETS
+
+        c, m = self.c, self.c.metrics
+        with c._lock, m._lock:
+            t = c.table
+            live = sum(x.alive for x in t.consumers.values())
+            totals = {k: v + getattr(t, k) for k, v in m.done.items()}
+            by_rank = dict(m.by_rank)
+            for r, n in enumerate(t.by_rank):
+                by_rank[r] = by_rank.get(r, 0) + n
+            epoch, quota = t.epoch, t.quota
+            consumed = t.consumed_count - sum(b - a for a, b in t.base)
+            latency = {k: (list(h.counts), h.sum) for k, h in m.latency.items()}
+        yield GaugeMetricFamily("stoker_coordinator_epoch", "Epoch in progress", value=epoch)
+        yield GaugeMetricFamily(
+            "stoker_coordinator_quota_positions", "Positions per rank this epoch", value=quota
+        )
+        yield GaugeMetricFamily(
+            "stoker_coordinator_epoch_consumed_positions",
+            "Positions of this epoch confirmed",
+            value=consumed,
+        )
+        yield GaugeMetricFamily(
+            "stoker_coordinator_live_consumers", "Consumers that have not expired", value=live
+        )
+        yield CounterMetricFamily(
+            "stoker_coordinator_leases_granted", "Leases granted", value=totals["granted"]
+        )
+        yield CounterMetricFamily(
+            "stoker_coordinator_steals", "Leases split for an idle consumer", value=totals["steals"]
+        )
+        yield CounterMetricFamily(
+            "stoker_coordinator_requeued_positions",
+            "Positions put back in the queue when their consumer went silent",
+            value=totals["requeued"],
+        )
+        ranks = CounterMetricFamily(
+            "stoker_coordinator_consumed_positions",
+            "Positions each rank confirmed (its consumption rate shows a straggler)",
+            labels=["rank"],
+        )
+        for r in sorted(by_rank):
+            ranks.add_metric([str(r)], by_rank[r])
+        yield ranks
+        lat = HistogramMetricFamily(
+            "stoker_coordinator_request_seconds",
+            "Time to answer a call, journal write included",
+            labels=["method"],
+        )
+        for method, (counts, total) in sorted(latency.items()):
+            buckets, acc = [], 0
+            for bound, n in zip([*BUCKETS, float("inf")], counts, strict=True):
+                acc += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+            lat.add_metric([method], buckets, total)
+        yield lat
 
 
 def _pairs(iv: Any) -> list[tuple[int, int]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from stoker.coordinator.client import CoordinatorClient, LeaseRejected
 from stoker.coordinator.source import LeaseStream
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.locality import local_ranges
+from stoker.metrics import WorkerMeter, apply_worker
 
 if TYPE_CHECKING:
     from stoker.loader.fast import _Slots
@@ -197,13 +199,23 @@ def _worker(
         leases = LeaseStream(client, rank, worker, min_epoch=min_epoch, **_consumer(ds))
         conn.send(("epoch", leases.consumer, leases.epoch, leases.first_step))
         ahead = _Ahead(ds, reader, leases)
-        for positions, segments in leases.batches(ds.batch_size):
+        meter = WorkerMeter()
+        batches = leases.batches(ds.batch_size)
+        while True:
+            t = time.perf_counter()
+            got = next(batches, None)
+            if got is None:
+                break
+            positions, segments = got
             ids = ahead.ids(positions)
+            busy = time.perf_counter() - t
             slot = conn.recv()
             if slot is None:
                 return
+            t = time.perf_counter()
             _fill(reader, ids, slots, slot)
-            conn.send(("batch", slot, len(ids), segments))
+            busy += time.perf_counter() - t
+            conn.send(("batch", slot, len(ids), segments, meter.delta(busy)))
         conn.send(("done",))
     except BaseException as exc:
         try:
@@ -226,11 +238,13 @@ class DynamicEpoch:
         num_workers: int,
         prefetch: int,
         min_epoch: int = 0,
+        loader: Any = None,
     ) -> None:
         self.ds, self.client, self.rank = ds, client, rank
         self.num_workers, self.prefetch = num_workers, prefetch
         self.epoch: int | None = None
         self.min_epoch = min_epoch
+        self.loader = loader  # told how many batches wait (its `_ready`)
         self.dropped = 0  # rows whose confirm was refused
         self.delivered = 0  # rows handed out
         self.batches = 0  # batches of the epoch handed out (counting those before a restore)
@@ -280,6 +294,8 @@ class DynamicEpoch:
                 pending.append((batch, segments, confirmer.submit(self.epoch, consumer, segments)))
                 # hand out what is confirmed; wait for a confirm only with `window` queued
                 while pending and (pending[0][2].done() or len(pending) > window):
+                    if self.loader is not None:
+                        self.loader._ready = len(pending) - 1
                     yield from hand_out()
             while pending:
                 yield from hand_out()
@@ -360,7 +376,8 @@ class DynamicEpoch:
                         consumer[w] = int(msg[1])
                         self._began(int(msg[2]), int(msg[3]))
                     elif msg[0] == "batch":
-                        _, slot, n, segments = msg
+                        _, slot, n, segments, delta = msg
+                        apply_worker(self.rank, w, delta)
                         ring = rings[w]
                         batch = {"tokens": ring.tokens[slot, :n].clone(),
                                  "sample_id": ring.ids[slot, :n].clone()}  # fmt: skip

@@ -20,6 +20,7 @@ size or number of workers).
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 import traceback
 import weakref
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ from stoker import errors
 from stoker.errors import ConfigError, StateError, StokerError
 from stoker.loader import state as st
 from stoker.loader.dataset import TokenDataset
+from stoker.loader.distributed import Placement
+from stoker.metrics import METRICS, WorkerMeter, apply_worker, serve_once
 
 if TYPE_CHECKING:
     from stoker.coordinator.client import CoordinatorClient
@@ -77,13 +80,21 @@ def _worker_main(
 ) -> None:
     torch.set_num_threads(1)
     reader = ds._reader()
+    meter = WorkerMeter()
     try:
-        for batch in ds._batches(reader, progress, rank, worker, num_workers):
+        batches = ds._batches(reader, progress, rank, worker, num_workers)
+        while True:
+            t = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                break
+            busy = time.perf_counter() - t
             slot = conn.recv()
             if slot is None:
                 return
+            t = time.perf_counter()
             _fill(reader, batch, slots, slot)
-            conn.send((slot, len(batch)))
+            conn.send((slot, len(batch), meter.delta(busy + time.perf_counter() - t)))
         conn.send(None)
     except BaseException as exc:
         kind = type(exc).__name__ if isinstance(exc, StokerError) else ""
@@ -127,6 +138,10 @@ class TokenLoader:
     (B,) int64 and ``doc_start_mask`` (B, seq_len + 1) bool. The last batch of
     an epoch may be shorter. Iterating again runs the next epoch.
 
+    ``metrics_port`` serves this process's metrics at ``/metrics`` on that port
+    plus the local rank (off by default); :meth:`stats` gives the same stall
+    and throughput figures in Python.
+
     With ``coordinator`` positions come from the coordinator's leases instead of
     the static plan (see :mod:`stoker.loader.dynamic`): work stealing between
     consumers, and exactly-once delivery when consumers fail. The epoch is the
@@ -151,6 +166,7 @@ class TokenLoader:
         coordinator: CoordinatorClient | str | None = None,
         coordinator_state: str | None = None,
         coordinator_config: Config | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
@@ -168,6 +184,8 @@ class TokenLoader:
         self.coordinator = coordinator
         self.coordinator_state = coordinator_state
         self.coordinator_config = coordinator_config
+        self.metrics_port = metrics_port
+        self._ready = 0
         self._client: CoordinatorClient | None = None
         self._embedded: Embedded | None = None
         self._restore: dict[str, Any] | None = None  # a dynamic state to resume from
@@ -268,15 +286,53 @@ class TokenLoader:
             self._embedded.close()
             self._embedded = None
 
+    def stats(self) -> dict[str, Any]:
+        """This rank's stall and throughput figures (what ``/metrics`` shows, as numbers):
+        batches, samples, tokens, ``wait_seconds`` (training waiting for data),
+        ``step_seconds`` (training working), ``stall_share``, batches and tokens per
+        second of that span, ``ready_batches`` and the workers' ``worker_busy_share``;
+        plus this process's storage counters."""
+        rank = self.dataset._placement().rank
+        out = METRICS.loader(rank).summary()
+        out["storage"] = {k: v for k, v in METRICS.storage_snapshot().items() if k != "latency"}
+        return out
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Each batch, timed: the wait inside ``next()`` is the data stall, the time until
+        the next ``next()`` the training step (see :meth:`stats`)."""
+        pl = self.dataset._placement()
+        if self.metrics_port is not None:
+            serve_once(self.metrics_port + pl.local_rank)
+        stats = METRICS.loader(pl.rank)
+        self._ready = 0
+        batches = self._iter(pl)
+        handed: float | None = None
+        while True:
+            asked = time.perf_counter()
+            batch = next(batches, None)
+            if batch is None:
+                return
+            got = time.perf_counter()
+            ids = batch["sample_id"]
+            with METRICS.lock:
+                stats.handed(
+                    len(ids),
+                    int(batch["tokens"].numel()),
+                    got - asked,
+                    None if handed is None else asked - handed,
+                )
+                stats.ready = self._ready
+            handed = got
+            yield batch
+
+    def _iter(self, pl: Placement) -> Iterator[dict[str, torch.Tensor]]:
         ds = self.dataset
-        pl = ds._placement()
         if self.coordinator is not None:
             from stoker.loader.dynamic import DynamicEpoch
 
             client = self._coordinator()
             self.last_epoch = DynamicEpoch(
-                ds, client, pl.rank, self.num_workers, self.prefetch, self._min_epoch
+                ds, client, pl.rank, self.num_workers, self.prefetch, self._min_epoch, self
             )
             yield from self.last_epoch
             if self.last_epoch.epoch is not None:
@@ -338,11 +394,12 @@ class TokenLoader:
                     parent.send(slot)
             for b in range(total):
                 w = b % nw
-                slot, n = self._receive(conns[w], procs[w], w)
+                slot, n = self._receive(conns[w], procs[w], w, rank)
                 ring = rings[w]
                 toks, ids = ring.tokens[slot, :n], ring.ids[slot, :n]
                 mask = None if ring.masks is None else ring.masks[slot, :n]
                 progress.consumed += n  # handed to the caller = consumed
+                self._ready = sum(c.poll(0) for c in conns)  # batches waiting in the slots
                 if not self.zero_copy:
                     toks, ids = toks.clone(), ids.clone()
                     mask = None if mask is None else mask.clone()
@@ -354,7 +411,7 @@ class TokenLoader:
         finally:
             _stop_workers(conns, procs)
 
-    def _receive(self, conn: Connection, proc: Any, w: int) -> tuple[int, int]:
+    def _receive(self, conn: Connection, proc: Any, w: int, rank: int) -> tuple[int, int]:
         waited = 0.0
         while not conn.poll(1.0):
             waited += 1.0
@@ -378,4 +435,5 @@ class TokenLoader:
             if isinstance(error_type, type) and issubclass(error_type, StokerError):
                 raise error_type(f"{text} (in loader worker {w})")  # the typed error, re-raised
             raise WorkerError(f"loader worker {w} failed:\n{trace}")
+        apply_worker(rank, w, msg[2])
         return int(msg[0]), int(msg[1])

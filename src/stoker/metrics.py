@@ -1,0 +1,322 @@
+"""What one process counts, and how Prometheus reads it.
+
+Every part of stoker that runs in a training process counts into
+:data:`METRICS` (plain numbers behind a lock, cheap to bump). Nothing is served
+unless asked: :func:`serve` starts a ``/metrics`` endpoint (``stoker demo``, the
+agent and the coordinator turn theirs on; a library user passes
+``metrics_port=`` to :class:`~stoker.TokenLoader`). Loader worker processes
+count into their own copy and send what changed to the main process with each
+batch, so one endpoint per rank shows the whole rank, workers included.
+
+Names follow Prometheus conventions: ``stoker_<part>_<what>_<unit>``, counters
+end in ``_total``, times are seconds and sizes bytes. The agent and the
+coordinator export their own families (``stoker_agent_*``,
+``stoker_coordinator_*``) from their processes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Buckets (seconds) of the latency histograms: storage requests, data waits, steps.
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    sum: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        i = 0
+        while i < len(BUCKETS) and seconds > BUCKETS[i]:
+            i += 1
+        self.counts[i] += 1
+        self.sum += seconds
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def add(self, other: dict[str, Any]) -> None:
+        for i, n in enumerate(other["counts"]):
+            self.counts[i] += n
+        self.sum += other["sum"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "sum": self.sum}
+
+
+#: The storage counters (a process's reads from storage: datasets without an agent, or
+#: the agent's own process).
+STORAGE = ("requests", "bytes", "errors", "retries")
+
+
+class Metrics:
+    """One process's counters (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.storage = dict.fromkeys(STORAGE, 0)
+        self.storage_latency = Histogram()
+        self.loaders: dict[int, LoaderStats] = {}  # by rank
+
+    # -- storage -------------------------------------------------------------------
+    def storage_read(self, nbytes: int, seconds: float) -> None:
+        with self.lock:
+            self.storage["requests"] += 1
+            self.storage["bytes"] += nbytes
+            self.storage_latency.observe(seconds)
+
+    def storage_event(self, name: str) -> None:
+        with self.lock:
+            self.storage[name] += 1
+
+    def storage_snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {**self.storage, "latency": self.storage_latency.to_dict()}
+
+    def add_storage(self, delta: dict[str, Any]) -> None:
+        """Fold in what a worker process counted (:func:`storage_delta`)."""
+        with self.lock:
+            for k in STORAGE:
+                self.storage[k] += delta[k]
+            self.storage_latency.add(delta["latency"])
+
+    # -- loaders ---------------------------------------------------------------------
+    def loader(self, rank: int) -> LoaderStats:
+        with self.lock:
+            if rank not in self.loaders:
+                self.loaders[rank] = LoaderStats(rank)
+            return self.loaders[rank]
+
+
+def storage_delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What changed between two :meth:`Metrics.storage_snapshot` results."""
+    out: dict[str, Any] = {k: now[k] - before[k] for k in STORAGE}
+    out["latency"] = {
+        "counts": [a - b for a, b in zip(now["latency"]["counts"], before["latency"]["counts"])],
+        "sum": now["latency"]["sum"] - before["latency"]["sum"],
+    }
+    return out
+
+
+@dataclass
+class LoaderStats:
+    """A rank's loader, as training sees it.
+
+    ``wait`` is the time the training loop spent inside ``next(loader)`` (the
+    stall); ``step`` the time between getting a batch and asking for the next
+    (the training step). Workers report the time they spent producing batches
+    (``busy``) against the time they existed (``alive``).
+    """
+
+    rank: int
+    batches: int = 0
+    samples: int = 0
+    tokens: int = 0
+    wait: Histogram = field(default_factory=Histogram)
+    step: Histogram = field(default_factory=Histogram)
+    ready: int = 0  # batches produced and waiting for training, at the last hand-out
+    busy: dict[int, float] = field(default_factory=dict)  # worker -> seconds producing
+    alive: dict[int, float] = field(default_factory=dict)  # worker -> seconds alive
+    started: float = field(default_factory=time.monotonic)
+
+    def handed(self, samples: int, tokens: int, wait: float, step: float | None) -> None:
+        self.batches += 1
+        self.samples += samples
+        self.tokens += tokens
+        self.wait.observe(wait)
+        if step is not None:
+            self.step.observe(step)
+
+    def worker(self, worker: int, busy: float, alive: float) -> None:
+        self.busy[worker] = self.busy.get(worker, 0.0) + busy
+        self.alive[worker] = self.alive.get(worker, 0.0) + alive
+
+    def summary(self) -> dict[str, Any]:
+        """The stall and throughput figures, as numbers."""
+        wait, step = self.wait.sum, self.step.sum
+        span = wait + step
+        busy, alive = sum(self.busy.values()), sum(self.alive.values())
+        return {
+            "rank": self.rank,
+            "batches": self.batches,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "wait_seconds": wait,
+            "step_seconds": step,
+            "stall_share": wait / span if span > 0 else 0.0,
+            "batches_per_second": self.batches / span if span > 0 else 0.0,
+            "tokens_per_second": self.tokens / span if span > 0 else 0.0,
+            "ready_batches": self.ready,
+            "worker_busy_share": busy / alive if alive > 0 else None,
+        }
+
+
+#: This process's metrics.
+METRICS = Metrics()
+
+
+class Collector:
+    """The Prometheus view of :data:`METRICS` (and of the GPU, when NVML sees one)."""
+
+    def __init__(self, metrics: Metrics = METRICS) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        m = self.metrics
+        with m.lock:
+            storage = dict(m.storage)
+            latency = m.storage_latency.to_dict()
+            loaders = [(r, ls.summary(), ls.wait.to_dict(), ls.step.to_dict(),
+                        dict(ls.busy), dict(ls.alive)) for r, ls in m.loaders.items()]  # fmt: skip
+        for name, help_ in (
+            ("requests", "Requests to storage"),
+            ("bytes", "Bytes read from storage"),
+            ("errors", "Failed storage requests (each attempt)"),
+            ("retries", "Storage requests retried"),
+        ):
+            unit = "read_bytes" if name == "bytes" else name
+            yield CounterMetricFamily(f"stoker_storage_{unit}", help_, value=storage[name])
+        yield _histogram(
+            HistogramMetricFamily,
+            "stoker_storage_request_seconds",
+            "Latency of storage requests",
+            latency,
+        )
+        batches = CounterMetricFamily(
+            "stoker_loader_batches", "Batches handed to training", labels=["rank"]
+        )
+        samples = CounterMetricFamily(
+            "stoker_loader_samples", "Samples handed to training", labels=["rank"]
+        )
+        tokens = CounterMetricFamily(
+            "stoker_loader_tokens", "Tokens handed to training", labels=["rank"]
+        )
+        ready = GaugeMetricFamily(
+            "stoker_loader_ready_batches",
+            "Batches produced and waiting for training (the prefetch queue)",
+            labels=["rank"],
+        )
+        busy = CounterMetricFamily(
+            "stoker_loader_worker_busy_seconds",
+            "Seconds loader workers spent producing batches",
+            labels=["rank", "worker"],
+        )
+        alive = CounterMetricFamily(
+            "stoker_loader_worker_alive_seconds",
+            "Seconds loader workers existed",
+            labels=["rank", "worker"],
+        )
+        waits = []
+        steps = []
+        for rank, s, wait, step, b, a in loaders:
+            lab = [str(rank)]
+            batches.add_metric(lab, s["batches"])
+            samples.add_metric(lab, s["samples"])
+            tokens.add_metric(lab, s["tokens"])
+            ready.add_metric(lab, s["ready_batches"])
+            for w in sorted(b):
+                busy.add_metric([str(rank), str(w)], b[w])
+                alive.add_metric([str(rank), str(w)], a.get(w, 0.0))
+            waits.append((lab, wait))
+            steps.append((lab, step))
+        yield from (batches, samples, tokens, ready, busy, alive)
+        yield _histogram(
+            HistogramMetricFamily,
+            "stoker_loader_wait_seconds",
+            "Time the training loop waited for each batch (the data stall)",
+            None,
+            waits,
+        )
+        yield _histogram(
+            HistogramMetricFamily,
+            "stoker_loader_step_seconds",
+            "Time between handing out a batch and the next request (the training step)",
+            None,
+            steps,
+        )
+        from stoker import gpu
+
+        yield from gpu.collect()
+
+
+def _histogram(
+    family: Any,
+    name: str,
+    help_: str,
+    one: dict[str, Any] | None,
+    labelled: list[tuple[list[str], dict[str, Any]]] | None = None,
+) -> Any:
+    fam = family(name, help_, labels=["rank"] if labelled is not None else None)
+    rows: list[tuple[list[str], dict[str, Any] | None]] = (
+        list(labelled) if labelled is not None else [([], one)]
+    )
+    for labels, h in rows:
+        assert h is not None
+        buckets, acc = [], 0
+        for bound, n in zip([*BUCKETS, float("inf")], h["counts"], strict=True):
+            acc += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        fam.add_metric(labels, buckets, h["sum"])
+    return fam
+
+
+class WorkerMeter:
+    """A loader worker's counting: what changed since its last batch message."""
+
+    def __init__(self) -> None:
+        self.last = METRICS.storage_snapshot()
+        self.since = time.monotonic()
+
+    def delta(self, busy: float) -> dict[str, Any]:
+        now, t = METRICS.storage_snapshot(), time.monotonic()
+        out = {"storage": storage_delta(now, self.last), "busy": busy, "alive": t - self.since}
+        self.last, self.since = now, t
+        return out
+
+
+def apply_worker(rank: int, worker: int, delta: dict[str, Any]) -> None:
+    """Fold a worker's :meth:`WorkerMeter.delta` into this (the main) process's metrics."""
+    METRICS.add_storage(delta["storage"])
+    stats = METRICS.loader(rank)
+    with METRICS.lock:
+        stats.worker(worker, delta["busy"], delta["alive"])
+
+
+_served: dict[int, int] = {}
+
+
+def serve_once(port: int, addr: str = "127.0.0.1") -> int:
+    """:func:`serve` unless this process already serves on ``port``."""
+    with METRICS.lock:
+        if port in _served:
+            return _served[port]
+    got = serve(port, addr)
+    with METRICS.lock:
+        _served[port] = got
+    return got
+
+
+def serve(port: int, addr: str = "127.0.0.1", extra: list[Any] | None = None) -> int:
+    """Serve this process's metrics (and ``extra`` collectors) at ``http://addr:port/metrics``;
+    returns the port (``port=0`` picks a free one)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector())
+    for c in extra or []:
+        registry.register(c)
+    server, _ = start_http_server(port, addr=addr, registry=registry)
+    return int(server.server_port)
