@@ -10,6 +10,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+#: The families :func:`collect` yields (gauges, one sample per device).
+FAMILIES = (
+    "stoker_gpu_sm_active_ratio",
+    "stoker_gpu_memory_used_bytes",
+    "stoker_gpu_memory_total_bytes",
+)
+
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
@@ -36,12 +43,12 @@ def collect() -> Iterator[Any]:
     from prometheus_client.core import GaugeMetricFamily
 
     util = GaugeMetricFamily(
-        "stoker_gpu_sm_active_ratio",
+        FAMILIES[0],
         "Share of the last sample period in which a kernel ran (NVML utilisation.gpu / 100)",
         labels=["gpu"],
     )
-    used = GaugeMetricFamily("stoker_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"])
-    total = GaugeMetricFamily("stoker_gpu_memory_total_bytes", "GPU memory", labels=["gpu"])
+    used = GaugeMetricFamily(FAMILIES[1], "GPU memory in use", labels=["gpu"])
+    total = GaugeMetricFamily(FAMILIES[2], "GPU memory", labels=["gpu"])
     for i in range(nvml.nvmlDeviceGetCount()):
         h = nvml.nvmlDeviceGetHandleByIndex(i)
         rates = nvml.nvmlDeviceGetUtilizationRates(h)
