@@ -132,6 +132,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import time
+
+    from stoker import doctor
+
+    if args.prometheus:
+        now = time.time()
+        before = doctor.scrape_prometheus(args.prometheus, now - args.window)
+        after = doctor.scrape_prometheus(args.prometheus, now)
+        seconds = args.window
+    else:
+        before, t0 = doctor.scrape(args.endpoint), time.monotonic()
+        time.sleep(args.window)  # the measurement window
+        after = doctor.scrape(args.endpoint)
+        seconds = time.monotonic() - t0
+    bandwidth = args.storage_bandwidth * 1e6 if args.storage_bandwidth else None
+    d = doctor.diagnose(doctor.evidence(before, after, seconds), bandwidth)
+    print(json.dumps(d.to_dict(), indent=1) if args.json else doctor.render(d))
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from stoker import top
+
+    return top.run(args.endpoint, args.interval, args.iterations)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stoker", description="Keeps the GPUs of a training job fed.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,6 +243,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coordinator_cli.add_arguments(c)
     c.set_defaults(func=coordinator_cli.run)
+
+    doc = sub.add_parser(
+        "doctor",
+        help="say where a running job's data path is stuck, from its metrics",
+        description="Scrape the job's metrics endpoints (ranks, node agents, coordinator) twice, "
+        "--window seconds apart (or ask a Prometheus server), and name the bottleneck: storage "
+        "bandwidth, cache misses, decode/preprocessing CPU, a straggling rank, prefetch, or "
+        "none (the GPU), with the numbers against their thresholds and what to change.",
+    )
+    src = doc.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--endpoint", action="append", help="HOST:PORT of a /metrics endpoint (repeat)"
+    )
+    src.add_argument("--prometheus", help="URL of a Prometheus server that scrapes the job")
+    doc.add_argument("--window", type=float, default=10.0, help="seconds between the two looks")
+    doc.add_argument(
+        "--storage-bandwidth", type=float, help="MB/s the storage gives the job (for utilisation)"
+    )
+    doc.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    doc.set_defaults(func=cmd_doctor)
+
+    top = sub.add_parser("top", help="a live view of a running job from its metrics endpoints")
+    top.add_argument("--endpoint", action="append", required=True, help="HOST:PORT (repeat)")
+    top.add_argument("--interval", type=float, default=2.0)
+    top.add_argument("--iterations", type=int, help="stop after this many screens")
+    top.set_defaults(func=cmd_top)
 
     r = sub.add_parser(
         "replay",

@@ -1,0 +1,66 @@
+"""The doctor's reading of the evidence, and the evidence from real exposition text."""
+
+from __future__ import annotations
+
+import pytest
+
+from stoker import doctor
+from stoker.doctor import Evidence, Thresholds
+
+
+def ev(**kw) -> Evidence:
+    base = {"seconds": 10.0, "stall": {"0": 0.01, "1": 0.01}, "tokens_per_s": {"0": 1e5, "1": 1e5}}
+    base.update(kw)
+    return Evidence(**base)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "bandwidth", "expected"),
+    [
+        (ev(), None, "none"),
+        (ev(stall={"0": 0.01, "1": 0.40, "2": 0.02}), None, "straggler"),
+        (ev(stall={"0": 0.5, "1": 0.5}, hit_ratio=0.4, evictions_per_s=30.0), None, "cache"),
+        (ev(stall={"0": 0.5, "1": 0.5}, hit_ratio=0.3, remote_latency=0.3), None, "storage"),
+        (ev(stall={"0": 0.5, "1": 0.5}, hit_ratio=0.3, remote_bytes_per_s=95e6), 100e6, "storage"),
+        (ev(stall={"0": 0.5, "1": 0.5}, worker_busy=0.97, hit_ratio=0.99), None, "cpu"),
+        (ev(stall={"0": 0.5, "1": 0.5}, worker_busy=0.3, hit_ratio=0.99), None, "prefetch"),
+        (ev(stall={}), None, "no-data"),
+    ],
+)
+def test_each_bottleneck_is_named(evidence: Evidence, bandwidth, expected: str) -> None:
+    d = doctor.diagnose(evidence, bandwidth)
+    assert d.bottleneck == expected, doctor.render(d)
+    if expected == "straggler":
+        assert d.rank == "1" and "rank 1" in d.summary
+    if expected not in ("none", "no-data"):
+        assert d.evidence and "threshold" in d.evidence[0]
+
+
+def test_thresholds_move_the_verdict() -> None:
+    e = ev(stall={"0": 0.08, "1": 0.08})
+    assert doctor.diagnose(e).bottleneck == "prefetch"
+    assert doctor.diagnose(e, t=Thresholds(stall=0.10)).bottleneck == "none"
+
+
+def test_evidence_from_two_scrapes() -> None:
+    before = doctor.parse(
+        'stoker_loader_wait_seconds_sum{rank="0"} 1.0\n'
+        'stoker_loader_step_seconds_sum{rank="0"} 9.0\n'
+        'stoker_loader_tokens_total{rank="0"} 1000\n'
+        'stoker_agent_memory_requests_total{result="hit"} 10\n'
+        'stoker_agent_memory_requests_total{result="miss"} 10\n'
+        "stoker_agent_memory_evictions_total 0\n"
+    )
+    after = doctor.parse(
+        'stoker_loader_wait_seconds_sum{rank="0"} 4.0\n'
+        'stoker_loader_step_seconds_sum{rank="0"} 10.0\n'
+        'stoker_loader_tokens_total{rank="0"} 3000\n'
+        'stoker_agent_memory_requests_total{result="hit"} 40\n'
+        'stoker_agent_memory_requests_total{result="miss"} 20\n'
+        "stoker_agent_memory_evictions_total 8\n"
+    )
+    e = doctor.evidence({"a": before}, {"a": after}, 4.0)
+    assert e.stall == {"0": 3.0 / 4.0}
+    assert e.tokens_per_s == {"0": 500.0}
+    assert e.hit_ratio == 30 / 40 and e.evictions_per_s == 2.0
+    assert doctor.diagnose(e).bottleneck == "cache"
