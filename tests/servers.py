@@ -6,8 +6,10 @@
 * :class:`MotoS3Server` runs ``python -m moto.server`` as a separate process, so that
   forked or spawned clients talk to a real HTTP endpoint.
 
-Both bind 127.0.0.1 only and pick a free port themselves. Nothing here talks to any
-other address.
+Both bind 127.0.0.1 and pick a free port themselves. Nothing here talks to any other
+address, except that :class:`NginxOrigin` can be told to listen on another address
+(``host=``) and to run under a command prefix (``command_prefix=["ip", "netns",
+"exec", NAME]``): a test's network namespace.
 
 Failure injection in :class:`NginxOrigin` (every location serves the same root):
 
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,9 +80,9 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _http_get(port: int, path: str, timeout: float) -> int:
-    """Status of GET http://127.0.0.1:port/path, without any proxy settings."""
-    conn = http.client.HTTPConnection(LOOPBACK, port, timeout=timeout)
+def _http_get(port: int, path: str, timeout: float, host: str = LOOPBACK) -> int:
+    """Status of GET http://host:port/path, without any proxy settings."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()
@@ -171,9 +174,14 @@ def _nginx_str(value: str | Path) -> str:
 
 
 class NginxOrigin:
-    """A static HTTP origin on 127.0.0.1 backed by the system nginx.
+    """A static HTTP origin on 127.0.0.1 (or ``host``) backed by the system nginx.
 
     ``with NginxOrigin(root) as origin: ...`` or ``start()``/``stop()``.
+
+    ``command_prefix`` goes before the nginx command line, e.g. ``["ip", "netns",
+    "exec", NAME]`` to serve from a network namespace (then ``host`` is an address
+    of that namespace, reachable from this process for the readiness probe). The
+    prefix must exec nginx (not fork it) so that :attr:`pid` is nginx's master.
     """
 
     def __init__(
@@ -185,6 +193,8 @@ class NginxOrigin:
         nginx: str | None = None,
         prefix: str | Path | None = None,
         startup_timeout: float = 15.0,
+        host: str = LOOPBACK,
+        command_prefix: Sequence[str] = (),
     ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
@@ -198,6 +208,8 @@ class NginxOrigin:
             raise FileNotFoundError("nginx binary not found (apt-get install nginx-light)")
         self._given_prefix = Path(prefix) if prefix is not None else None
         self.startup_timeout = startup_timeout
+        self.host = host
+        self.command_prefix = list(command_prefix)
         self.prefix: Path | None = None
         self._sock_dir: Path | None = None
         self._own_sock_dir = False
@@ -210,7 +222,7 @@ class NginxOrigin:
     def url(self) -> str:
         if self.port is None:
             raise RuntimeError("NginxOrigin is not started")
-        return f"http://{LOOPBACK}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def url_for(self, relpath: str | Path, via: str = "") -> str:
         """URL of ``root/relpath``; ``via`` is ``""``, ``"slow"``, ``"flaky"``, ``"down"``, ``"drop"``."""
@@ -295,7 +307,7 @@ class NginxOrigin:
             ]
         lines += [
             "  server {",
-            f"    listen {LOOPBACK}:{port};",
+            f"    listen {self.host}:{port};",
             "    server_name _;",
             f"    root {root};",
             "    location / { }",
@@ -336,7 +348,10 @@ class NginxOrigin:
 
         last_error = ""
         for _attempt in range(5):
-            port = free_port()
+            # Under a command prefix nginx binds in another network namespace, where
+            # ``host`` may not exist here: a port free on loopback is a good guess
+            # (the loop retries when it is taken).
+            port = free_port(LOOPBACK if self.command_prefix else self.host)
             for sock in ("ok.sock", "down.sock"):
                 with contextlib.suppress(FileNotFoundError):
                     (self._sock_dir / sock).unlink()
@@ -347,6 +362,7 @@ class NginxOrigin:
             try:
                 self._proc = subprocess.Popen(
                     [
+                        *self.command_prefix,
                         self.nginx,
                         "-p",
                         f"{self.prefix}/",
@@ -385,7 +401,9 @@ class NginxOrigin:
             if rc is not None:
                 return f"nginx exited with {rc}; error log tail:\n{self._logs_tail()}"
             try:
-                status = _http_get(self.port, f"{_FIXTURE_PREFIX}ready", timeout=2.0)
+                status = _http_get(
+                    self.port, f"{_FIXTURE_PREFIX}ready", timeout=2.0, host=self.host
+                )
             except OSError:
                 status = None
             if status == 204:
@@ -444,7 +462,7 @@ class NginxOrigin:
         if self.port is None:
             raise RuntimeError("NginxOrigin is not started")
         token = uuid.uuid4().hex
-        _http_get(self.port, f"{_FIXTURE_PREFIX}sync/{token}", timeout=timeout)
+        _http_get(self.port, f"{_FIXTURE_PREFIX}sync/{token}", timeout=timeout, host=self.host)
         deadline = time.monotonic() + timeout
         while token not in self.access_log_path.read_text(errors="replace"):
             if time.monotonic() > deadline:

@@ -4,7 +4,9 @@ Run under the usual launcher environment (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT). Each step all-reduces a tensor, as training does, then records
 the batch's sample ids (one JSON line per step in --out). Rank 0 saves the
 loader's state after step --save-at. After step --stop-at the rank prints
-"stopped" and blocks until it is killed (the test kills it: a crash).
+"stopped" and blocks until it is killed (the test kills it: a crash). After step
+--pause-at the rank prints "paused K" and waits for a line on stdin before it goes
+on (the test does something to the job meanwhile, e.g. restarts the coordinator).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def main() -> int:
     ap.add_argument("--state", help="where rank 0 saves the state (with --save-at)")
     ap.add_argument("--resume", help="a saved state to resume from")
     ap.add_argument("--stop-at", type=int, default=0)
+    ap.add_argument("--pause-at", type=int, default=0)
     a = ap.parse_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
@@ -67,6 +70,9 @@ def main() -> int:
                     tmp = a.state + ".tmp"
                     Path(tmp).write_text(json.dumps(loader.state_dict()))
                     os.replace(tmp, a.state)
+                if step == a.pause_at:
+                    print(f"paused {step}", flush=True)
+                    sys.stdin.readline()  # the test's cue to go on
                 if step == a.stop_at:
                     print(f"stopped {step}", flush=True)
                     sys.stdin.read()  # the test kills us here
