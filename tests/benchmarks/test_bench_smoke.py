@@ -67,3 +67,24 @@ def test_coordinator_bench_quick_runs() -> None:
     assert all(ld["lease_per_s"] > 0 for ld in out["load"])  # one call and batched
     st = out["straggler"]
     assert max(st["dynamic"]) < min(st["static"])  # stealing beats the static split
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_locality_bench_quick_cuts_later_epochs_remote_bytes() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/locality_bench.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = json.loads((ROOT / "benchmarks/.work/locality/results-quick.json").read_text())
+    runs = {r["locality"]: r for r in out["runs"] if r["window_shards"] == 1}
+    for run in runs.values():
+        assert run["exactly_once"], run
+        assert run["origin_bytes"] == run["remote_bytes"]  # the agents' counters = nginx's log
+        assert sum(run["epochs"][0]["remote_bytes"]) >= out["stored"]  # cold caches: all of it
+    later = {k: sum(sum(e["remote_bytes"]) for e in r["epochs"][1:]) for k, r in runs.items()}
+    # one-shard windows: the nodes' caches hold a third each, and locality grants them that third
+    assert later[True] < 0.5 * later[False], later
