@@ -1,0 +1,73 @@
+"""A training rank for the doctor's tests: TokenLoader with metrics, a simulated step.
+
+Prints "ready" once it has taken its first step (its metrics endpoint is up), then trains
+epoch after epoch until its standard input closes. With WORLD_SIZE > 1 it joins a gloo
+group and all-reduces every step, as data-parallel training does (a slow rank then slows
+the others' steps, not their data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import stoker
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--prefetch", type=int, default=4)
+    ap.add_argument("--step", type=float, default=0.0, help="seconds of simulated compute")
+    ap.add_argument("--metrics-port", type=int, required=True)
+    ap.add_argument("--cache-dir")
+    ap.add_argument("--cache-limit", type=int, default=64 << 30)
+    ap.add_argument("--shm-limit", type=int, default=4 << 30)
+    ap.add_argument("--window-shards", type=int, default=16)
+    a = ap.parse_args()
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist = None
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    ds = stoker.TokenDataset(
+        a.dataset, a.seq_len, batch_size=a.batch, cache_dir=a.cache_dir,
+        cache_limit=a.cache_limit, shm_limit=a.shm_limit, window_shards=a.window_shards,
+        agent=None if a.cache_dir else False,
+    )  # fmt: skip
+    loader = stoker.TokenLoader(ds, a.workers, prefetch=a.prefetch, metrics_port=a.metrics_port)
+    stop = threading.Event()
+    # raw reads of fd 0: a thread blocked in sys.stdin.read() holds the stream's lock, and
+    # the forked loader workers (which close sys.stdin) would wait for it forever
+    threading.Thread(target=lambda: (os.read(0, 1), stop.set()), daemon=True).start()
+    first = True
+    while not stop.is_set():
+        for _ in loader:
+            if a.step:
+                time.sleep(a.step)  # the training step's compute
+            if dist is not None:
+                import torch
+
+                dist.all_reduce(torch.ones(1))
+            if first:
+                print("ready", flush=True)
+                first = False
+            if stop.is_set():
+                break
+    print(json.dumps(loader.stats()), flush=True)
+    if dist is not None:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
