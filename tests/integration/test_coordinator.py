@@ -195,3 +195,45 @@ def test_off_loopback_needs_a_token(tmp_path: Path, coordinators: Coordinators) 
     proc.terminate()
     rest, _ = proc.communicate(timeout=30)
     assert "s3cret" not in coordinators.output[proc] + rest  # the token is never logged
+
+
+def test_a_consumer_silent_past_the_timeout_registers_again_and_loses_nothing(
+    tmp_path: Path, coordinators: Coordinators
+) -> None:
+    """A worker pauses longer than the timeout (a long GC, a stalled disk): its leases go
+    back to the queue; when it wakes it registers again and the epoch completes once."""
+    import time
+
+    from stoker.coordinator.source import LeaseStream
+
+    _, address = coordinators.start(
+        "--state", str(tmp_path / "s"), "--world", "1", "--num-samples", "200",
+        "--lease-size", "50", "--timeout", "1", "--min-readahead", "20",
+    )  # fmt: skip
+    client = CoordinatorClient(address, retry_for=20)
+    stream = LeaseStream(client, 0, 0)
+    batches = stream.batches(10)
+    delivered: list[int] = []
+    seq = 0
+
+    def confirm(positions, segments) -> None:
+        nonlocal seq
+        answers = client.confirm_batch(stream.consumer, stream.epoch, seq, segments, 10)
+        seq += 1
+        row = 0
+        for (_, _, rows), ok in zip(segments, answers, strict=True):
+            if ok is not None:
+                delivered.extend(positions[row : row + rows].tolist())
+            row += rows
+
+    for _ in range(3):
+        confirm(*next(batches))
+    first_id = stream.consumer
+    deadline = time.monotonic() + 30
+    while client.status().live_consumers and time.monotonic() < deadline:
+        time.sleep(0.05)  # silence: the coordinator's expiry thread has to notice
+    assert client.status().live_consumers == 0 and client.status().requeued > 0
+    for positions, segments in batches:
+        confirm(positions, segments)
+    assert stream.reregistered == 1 and stream.consumer != first_id
+    assert sorted(delivered) == list(range(200))  # every position once, none lost

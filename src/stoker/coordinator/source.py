@@ -13,11 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from stoker._proto import coordinator_pb2 as pb
-from stoker.coordinator.client import CoordinatorClient
+from stoker.coordinator.client import CoordinatorClient, LeaseRejected
 
 
 @dataclass
@@ -46,26 +47,55 @@ class LeaseStream:
         ``epoch`` that cache holds, reported once registered (locality)."""
         self.client = client
         self.wait = wait
-        # an epoch's last consumers may finish before the others: the coordinator begins
-        # the next epoch only when all are done, so wait for it rather than join the old
-        while True:
-            self.consumer, self.epoch = client.register(rank, worker, node=node, stream=stream,
-                                                        min_epoch=min_epoch)  # fmt: skip
-            if self.consumer:
-                self.first_step = client.first_step
-                break
-            time.sleep(wait)
-        if node and local is not None:
-            ranges = local(self.epoch)
-            if ranges:
-                client.report_local(self.consumer, self.epoch, ranges)
+        self._who = (rank, worker, node, stream, local)
+        self.reregistered = 0
+        self._register(min_epoch)
         self._held: dict[int, _Held] = {}
         self._last: int | None = None  # the lease the last batch ended in
         # every lease granted to us this epoch: a lease read to its end is not confirmed
         # until the rank's main process hands its batch out, so it must not be re-granted
         self._granted: set[int] = set()
+        self._over = False
 
-    def _update(self, limits: dict[int, tuple[int, int]]) -> None:
+    def _register(self, min_epoch: int) -> None:
+        rank, worker, node, stream, local = self._who
+        # an epoch's last consumers may finish before the others: the coordinator begins
+        # the next epoch only when all are done, so wait for it rather than join the old
+        while True:
+            self.consumer, self.epoch = self.client.register(
+                rank, worker, node=node, stream=stream, min_epoch=min_epoch
+            )
+            if self.consumer:
+                self.first_step = self.client.first_step
+                break
+            time.sleep(self.wait)
+        if node and local is not None:
+            ranges = local(self.epoch)
+            if ranges:
+                self.client.report_local(self.consumer, self.epoch, ranges)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A lease or heartbeat call; None when this consumer had expired (it was silent
+        past the coordinator's timeout, e.g. a long pause): its leases went back to the
+        queue, so it registers again, holding nothing, and carries on."""
+        try:
+            return fn(self.consumer, self.epoch, *args)
+        except LeaseRejected as exc:
+            if "expired" not in str(exc):
+                raise
+        epoch = self.epoch
+        self._register(epoch)
+        self.reregistered += 1
+        self._held.clear()
+        self._granted.clear()
+        self._last = None
+        if self.epoch != epoch:  # the epoch ended meanwhile: nothing more for us in it
+            self._over = True
+        return None
+
+    def _update(self, limits: dict[int, tuple[int, int]] | None) -> None:
+        if limits is None:
+            return
         for lease, (end, horizon) in limits.items():
             h = self._held.get(lease)
             if h is not None:
@@ -74,11 +104,15 @@ class LeaseStream:
     def _next_lease(self) -> int | None:
         """A lease with positions left to read, or None when the epoch has none for us."""
         while True:
+            if self._over:
+                return None
             for lease, h in sorted(self._held.items()):
                 if h.read < h.end:
                     return lease
                 del self._held[lease]
-            r = self.client.lease(self.consumer, self.epoch, sorted(self._granted))
+            r = self._call(self.client.lease, sorted(self._granted))
+            if r is None:
+                continue  # registered again
             if r.status == pb.LeaseReply.GRANTED:
                 self._held[int(r.lease)] = _Held(int(r.end), int(r.horizon), int(r.start))
                 self._granted.add(int(r.lease))
@@ -86,7 +120,7 @@ class LeaseStream:
             if r.status == pb.LeaseReply.DONE:
                 return None
             time.sleep(self.wait)  # WAIT: every position is in someone's lease; ask again
-            self._update(self.client.heartbeat(self.consumer, self.epoch))
+            self._update(self._call(self.client.heartbeat))
 
     def upcoming(self, limit: int) -> np.ndarray:
         """Up to ``limit`` positions this consumer reads next, as far as it knows: the rest
@@ -111,7 +145,7 @@ class LeaseStream:
                 break
             h = self._held[lease]
             if h.read >= h.horizon:  # at the read horizon: report, and get more read-ahead
-                self._update(self.client.heartbeat(self.consumer, self.epoch, lease, h.read))
+                self._update(self._call(self.client.heartbeat, lease, h.read))
                 continue
             upto = min(h.horizon, h.end, h.read + size - have)
             self._last = lease
@@ -121,7 +155,7 @@ class LeaseStream:
             h.read = upto
             if have == size:
                 if h.horizon - h.read < size:  # the next batch would reach the horizon
-                    self._update(self.client.heartbeat(self.consumer, self.epoch, lease, upto))
+                    self._update(self._call(self.client.heartbeat, lease, upto))
                 yield np.concatenate(parts), segments
                 parts, segments, have = [], [], 0
         if have:

@@ -200,6 +200,7 @@ def _worker(
         conn.send(("epoch", leases.consumer, leases.epoch, leases.first_step))
         ahead = _Ahead(ds, reader, leases)
         meter = WorkerMeter()
+        seen = 0
         batches = leases.batches(ds.batch_size)
         while True:
             t = time.perf_counter()
@@ -215,6 +216,9 @@ def _worker(
             t = time.perf_counter()
             _fill(reader, ids, slots, slot)
             busy += time.perf_counter() - t
+            if leases.reregistered != seen:  # expired and registered again: a new id
+                seen = leases.reregistered
+                conn.send(("epoch", leases.consumer, leases.epoch, leases.first_step))
             conn.send(("batch", slot, len(ids), segments, meter.delta(busy)))
         conn.send(("done",))
     except BaseException as exc:
