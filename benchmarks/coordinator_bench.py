@@ -302,8 +302,8 @@ def render(res: dict[str, Any]) -> str:
         f"Target: dynamic <= 1.1x ideal — {dyn / ideal:.2f}x "
         f"({'met' if dyn / ideal <= 1.1 else '**missed**'}).",
         "",
-        "Locality (remote bytes over 3 epochs with and without cache-aware leases): not "
-        "measured yet; the agent does not report what it holds to the coordinator.",
+        "Locality (remote bytes over 3 epochs with and without cache-aware leases): see "
+        "\"Coordinator: locality over 3 epochs\" (benchmarks/locality_bench.py).",
     ]
     return "\n".join(lines) + "\n"
 
