@@ -23,7 +23,7 @@ import multiprocessing as mp
 import time
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -307,25 +307,28 @@ class TokenLoader:
         self._ready = 0
         batches = self._iter(pl)
         handed: float | None = None
-        while True:
-            asked = time.perf_counter()
-            batch = next(batches, None)
-            if batch is None:
-                return
-            got = time.perf_counter()
-            ids = batch["sample_id"]
-            with METRICS.lock:
-                stats.handed(
-                    len(ids),
-                    int(batch["tokens"].numel()),
-                    got - asked,
-                    None if handed is None else asked - handed,
-                )
-                stats.ready = self._ready
-            handed = got
-            yield batch
+        try:
+            while True:
+                asked = time.perf_counter()
+                batch = next(batches, None)
+                if batch is None:
+                    return
+                got = time.perf_counter()
+                ids = batch["sample_id"]
+                with METRICS.lock:
+                    stats.handed(
+                        len(ids),
+                        int(batch["tokens"].numel()),
+                        got - asked,
+                        None if handed is None else asked - handed,
+                    )
+                    stats.ready = self._ready
+                handed = got
+                yield batch
+        finally:
+            batches.close()  # stops the workers now when the caller breaks out
 
-    def _iter(self, pl: Placement) -> Iterator[dict[str, torch.Tensor]]:
+    def _iter(self, pl: Placement) -> Generator[dict[str, torch.Tensor], None, None]:
         ds = self.dataset
         if self.coordinator is not None:
             from stoker.loader.dynamic import DynamicEpoch
