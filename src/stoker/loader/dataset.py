@@ -18,6 +18,7 @@ from stoker.formats.tokens import Metadata, TokenSource
 from stoker.loader import state as st
 from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.distributed import Placement, detect
+from stoker.loader.sources import StaticSource
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
@@ -181,16 +182,10 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         self, progress: st.Progress, rank: int, worker: int, num_workers: int, skip: int, chunk: int
     ) -> Iterator[np.ndarray]:
         """Sample ids of one worker's share of the epoch, in order, ``chunk`` at a time."""
-        split = progress.split
-        m0 = progress.consumed
-        remaining = split.per_rank - m0
-        count = plan.worker_count(remaining, worker, num_workers, self.batch_size)
+        source = StaticSource(progress, rank, worker, num_workers, self.batch_size, skip)
         stream = plan.Stream(self.num_samples, self.shuffle_config)
-        for lo in range(skip, count, chunk):
-            local = m0 + plan.worker_indices(
-                remaining, worker, num_workers, self.batch_size, lo, lo + chunk
-            )
-            yield stream.samples(split.rank_positions(rank, local))
+        for positions, _ in source.batches(chunk):
+            yield stream.samples(positions)
 
     def _next_epoch_chunks(
         self, progress: st.Progress, rank: int, worker: int, num_workers: int, chunk: int

@@ -41,6 +41,7 @@ from stoker.coordinator.client import CoordinatorClient, LeaseRejected
 from stoker.coordinator.source import LeaseStream
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.locality import local_ranges
+from stoker.loader.sources import PositionSource
 from stoker.metrics import WorkerMeter, apply_worker
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class _Ahead:
     of one batch: mapping positions to samples and scheduling blocks cost about the same
     for a batch as for thousands of positions."""
 
-    def __init__(self, ds: TokenDataset, reader: Any, leases: LeaseStream) -> None:
+    def __init__(self, ds: TokenDataset, reader: Any, leases: PositionSource) -> None:
         self.stream = plan.Stream(ds.num_samples, ds.shuffle_config)
         self.reader, self.leases = reader, leases
         self.limit = max(ds.batch_size, reader.horizon)

@@ -1,0 +1,63 @@
+"""The static position source: the same interface as the coordinator's leases, and the
+static split's positions exactly."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from stoker import intervals
+from stoker.coordinator.source import LeaseStream
+from stoker.loader import state as st
+from stoker.loader.sources import PositionSource, StaticSource
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=hs.integers(0, 200),
+    world=hs.integers(1, 4),
+    nw=hs.integers(1, 3),
+    interleave=hs.integers(1, 6),
+    size=hs.integers(1, 9),
+    consumed=hs.integers(0, 40),
+    skip=hs.integers(0, 10),
+)
+def test_workers_of_all_ranks_cover_the_unconsumed_split_once(
+    n, world, nw, interleave, size, consumed, skip
+) -> None:
+    epoch_set = intervals.make([(7, 7 + n)])
+    per_rank = n // world
+    consumed = min(consumed, per_rank)
+    progress = st.Progress(2, epoch_set, world, 1, consumed)
+    split = progress.split
+    for rank in range(world):
+        got = []
+        for w in range(nw):
+            src = StaticSource(progress, rank, w, nw, interleave)
+            assert isinstance(src, PositionSource) and src.epoch == 2
+            batches = list(src.batches(size))
+            assert all(seg == [] for _, seg in batches)  # nothing to confirm
+            assert all(len(p) <= size for p, _ in batches)
+            got += [int(x) for p, _ in batches for x in p]
+            # a source that skips its first samples hands out the rest, and upcoming()
+            # always previews what the next batch holds
+            later = StaticSource(progress, rank, w, nw, interleave, skip)
+            mine = [int(x) for p, _ in StaticSource(progress, rank, w, nw, interleave).batches(1)
+                    for x in p]  # fmt: skip
+            rest = []
+            for p, _ in later.batches(size):
+                rest += p.tolist()
+                assert later.upcoming(size).tolist() == mine[len(rest) + skip :][:size]
+            assert rest == mine[skip:]
+        expect = split.rank_positions(rank, np.arange(consumed, per_rank)).tolist()
+        assert sorted(got) == sorted(expect)
+
+
+def test_the_lease_stream_offers_the_same_interface() -> None:
+    for name in ("batches", "upcoming"):
+        mine = inspect.signature(getattr(StaticSource, name))
+        theirs = inspect.signature(getattr(LeaseStream, name))
+        assert list(mine.parameters) == list(theirs.parameters), name
