@@ -4,6 +4,7 @@ Public API; everything else is internal and may change.
 """
 
 from stoker.cache import BlockCache, DiskCache, NullCache
+from stoker.device import DevicePrefetcher
 from stoker.errors import (
     AgentError,
     AgentRunningError,
@@ -57,6 +58,7 @@ __all__ = [
     "CoordinatorClient",
     "CoordinatorUnavailable",
     "DatasetError",
+    "DevicePrefetcher",
     "DiskCache",
     "InputError",
     "LeaseConfig",
