@@ -30,7 +30,9 @@ class LeaseMachine(RuleBasedStateMachine):
         for gap, length in pieces:
             epoch_set.append((cur + gap, cur + gap + length))
             cur += gap + length
-        self.table = LeaseTable(3, epoch_set, world, CFG)
+        # consumers map positions with shuffle windows of 4 positions (locality claims them)
+        stream = '{"num_samples": 40, "shard_size": 2, "window_shards": 2}'
+        self.table = LeaseTable(3, epoch_set, world, CFG, stream=stream)
         self.initial = set(members(epoch_set))
         self.delivered: Counter[int] = Counter()  # positions that reached training
         self.now = 0.0
@@ -61,7 +63,7 @@ class LeaseMachine(RuleBasedStateMachine):
         c = self.table.consumers[cid]
         if not c.node or not self.table.config.locality:
             return
-        local = self.table.local[c.node]
+        local = sorted(self.table.local[c.node] + self.table.claimed.get(c.node, []))
         queued_local = [(max(a, la), min(b, lb)) for a, b in self.table.queue
                         for la, lb in local if la < b and a < lb]  # fmt: skip
         if queued_local and self.table.assigned[c.rank] < self.table.quota:
@@ -290,3 +292,26 @@ def test_silent_consumer_is_requeued_and_its_late_confirm_refused() -> None:
     assert t.queue == [(2, 50)]  # the unconfirmed rest of the lease, merged back, first in line
     b = t.register(0, 0, 20.0)
     assert t.request(b, 20.0).start == 2
+
+
+def test_a_node_keeps_the_shuffle_windows_it_started() -> None:
+    """Leases smaller than a window: each node goes on in the windows it began (its reader
+    has their blocks) instead of every node touching every window."""
+    stream = '{"num_samples": 16, "shard_size": 2, "window_shards": 2}'  # windows of 4
+    cfg = Config(lease_size=2, timeout=60, min_readahead=2)
+    t = LeaseTable(0, [(0, 16)], 2, cfg, stream=stream)
+    a = t.register(0, 0, 0.0, node="a")
+    b = t.register(1, 0, 0.0, node="b")
+    starts = {"a": [], "b": []}
+    for _ in range(4):
+        for node, cid in (("a", a), ("b", b)):
+            g = t.request(cid, 0.0)
+            starts[node].append(g.start)
+            t.heartbeat(cid, 0.0, g.lease, g.horizon)
+            t.confirm(cid, g.lease, g.end, 0.0)
+    windows = {node: {s // 4 for s in ss} for node, ss in starts.items()}
+    assert windows["a"].isdisjoint(windows["b"])  # no window read by both nodes
+    assert windows == {"a": {0, 2}, "b": {1, 3}}
+    off = LeaseTable(0, [(0, 16)], 2, Config(lease_size=2, locality=False), stream=stream)
+    x, y = off.register(0, 0, 0.0, node="a"), off.register(1, 0, 0.0, node="b")
+    assert [off.request(x, 0.0).start, off.request(y, 0.0).start] == [0, 2]  # queue order

@@ -28,6 +28,7 @@ Vocabulary (positions are stream positions of the epoch, see ``plan.py``):
 from __future__ import annotations
 
 import bisect
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -139,6 +140,7 @@ class LeaseTable:
         self.quota = total // world
         self.queue: list[tuple[int, int]] = list(self.epoch_set)  # sorted, disjoint
         self.local: dict[str, list[tuple[int, int]]] = {}  # node -> positions its cache holds
+        self.claimed: dict[str, list[tuple[int, int]]] = {}  # node -> windows granted to it
         self.assigned = [0] * world  # per rank: positions in its leases + consumed by it
         self.consumed: list[tuple[int, int]] = []  # sorted, merged
         self.consumers: dict[int, Consumer] = {}
@@ -151,6 +153,7 @@ class LeaseTable:
         self._answers: dict[tuple[int, int], list[bool | None]] = {}  # (rank, seq) -> answer
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
+        self._windows = _windows(stream)  # (samples per data epoch, positions per window)
         self.origin = origin  # the checkpoint this table was restored from
         self.first_step = 0  # batches every rank had handed out before this table began
         self._next_consumer, self._next_lease = first_ids
@@ -213,6 +216,7 @@ class LeaseTable:
         args: dict[str, Any] = {"rank": rank, "worker": worker}
         if stream and not self.stream:
             self.stream = args["stream"] = stream
+            self._windows = _windows(stream)
         if node:
             args["node"] = node
         self._record("register", now, **args)
@@ -299,18 +303,25 @@ class LeaseTable:
         """Where ``c``'s next fresh lease starts: ``(queue index, start, limit)``.
 
         Without locality, the front of the queue. With it: the first queued
-        positions ``c``'s node caches; else the first that no other node caches;
-        else the front.
+        positions of ``c``'s node (its cache holds them, or they are in a shuffle
+        window granted to the node before: its reader has that window's blocks);
+        else the first that belong to no other node; else the front.
         """
         a, b = self.queue[0]
-        if not self.config.locality or not self.local:
+        if not self.config.locality or not c.node or not (self.local or self.claimed):
             return 0, a, b
-        mine = self.local.get(c.node, [])
+        mine = sorted(self.local.get(c.node, []) + self.claimed.get(c.node, []))
         for i, (qa, qb) in enumerate(self.queue):
             for la, lb in mine:
                 if la < qb and qa < lb:
                     return i, max(qa, la), min(qb, lb)
-        others = sorted(r for node, rs in self.local.items() if node != c.node for r in rs)
+        others = sorted(
+            r
+            for table in (self.local, self.claimed)
+            for node, rs in table.items()
+            if node != c.node
+            for r in rs
+        )
         for i, (qa, qb) in enumerate(self.queue):
             start = qa
             for la, lb in others:
@@ -324,6 +335,17 @@ class LeaseTable:
                 return i, start, min(qb, nxt)
         return 0, a, b
 
+    def _claim(self, c: Consumer, start: int, end: int) -> None:
+        """The shuffle windows ``[start, end)`` touches now belong to ``c``'s node: its
+        reader fetches their blocks, so later leases in them go to the node first."""
+        if not (self.config.locality and c.node and self._windows):
+            return
+        S, W = self._windows
+        claimed = self.claimed.setdefault(c.node, [])
+        base = (start // S) * S
+        for w in range((start - base) // W, (end - 1 - base) // W + 1):
+            _insert(claimed, (base + w * W, min(base + (w + 1) * W, base + S)))
+
     def _from_queue(self, c: Consumer, room: int) -> Grant | None:
         if not self.queue:
             return None
@@ -332,6 +354,7 @@ class LeaseTable:
         end = min(limit, start + self.config.lease_size, start + room)
         rest = [r for r in ((qa, start), (end, qb)) if r[1] > r[0]]
         self.queue[i : i + 1] = rest
+        self._claim(c, start, end)
         ls = self._new_lease(c, start, end)
         return Grant(ls.id, ls.start, ls.end, ls.horizon)
 
@@ -673,8 +696,23 @@ class LeaseTable:
             "requeued": self.requeued,
             "log": [list(x) for x in self.log],
             "local": {k: list(v) for k, v in self.local.items()},
+            "claimed": {k: list(v) for k, v in self.claimed.items()},
             "stream": self.stream,
         }
+
+
+def _windows(stream: str) -> tuple[int, int] | None:
+    """``(samples per data epoch, positions per shuffle window)`` of a consumers' stream
+    description (windows start every ``shard_size * window_shards`` positions of a data
+    epoch, give or take the one short shard); None when it does not say."""
+    if not stream:
+        return None
+    try:
+        s = json.loads(stream)
+        S, W = int(s["num_samples"]), int(s["shard_size"]) * int(s["window_shards"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (S, W) if S > 0 and W > 0 else None
 
 
 def _insert(ranges: list[tuple[int, int]], new: tuple[int, int]) -> None:
