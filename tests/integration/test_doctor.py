@@ -76,11 +76,22 @@ def doctor(*ports: int, window: float = 3.0) -> dict:
 
 
 def test_a_healthy_run_is_gpu_bound(dataset: Written, jobs: Jobs) -> None:
-    # a 50 ms step, and a worker that produces a batch in a fraction of that
-    port, proc = jobs.start("--dataset", str(dataset.path), "--step", "0.05", "--workers", "1")
+    # a 100 ms step, and a worker that produces a batch in a small fraction of that
+    port, proc = jobs.start("--dataset", str(dataset.path), "--step", "0.1", "--workers", "1")
     jobs.ready(proc)
     d = doctor(port)
     assert d["bottleneck"] == "none", d
+    # `stoker top` shows the same job: its rank, a throughput, a stall share
+    top = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "top", "--endpoint", f"127.0.0.1:{port}",
+         "--interval", "1", "--iterations", "2"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    frames = top.split("stoker top")
+    assert len(frames) == 3  # two screens
+    row = [line.split() for line in frames[-1].splitlines() if line.strip().startswith("0 ")]
+    assert row and float(row[0][1].replace(",", "")) > 0  # rank 0's tokens/s
+    assert "unreachable" not in top
 
 
 def test_decode_bound_workers_are_named(dataset: Written, jobs: Jobs) -> None:

@@ -72,9 +72,20 @@ def test_prometheus_scrapes_the_demo_ranks(tmp_path: Path) -> None:
             if len(seen) == 2:
                 break
             time.sleep(0.2)
+        # the doctor reads the same series through Prometheus' query API while the job runs
+        doc = subprocess.run(
+            [sys.executable, "-m", "stoker.cli", "doctor", "--prometheus",
+             f"http://127.0.0.1:{web}", "--window", "1", "--json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert doc.returncode == 0, doc.stderr
+        diagnosis = json.loads(doc.stdout)
         out, _ = demo.communicate(timeout=300)
         assert demo.returncode == 0, out
         assert sorted(s["metric"]["rank"] for s in seen) == ["0", "1"], (seen, out)
+        # both ranks' stall figures came through (a verdict needs batches in the window)
+        assert diagnosis["bottleneck"] != "no-data", diagnosis
+        assert "0: " in diagnosis["evidence"][0] and "1: " in diagnosis["evidence"][0]
         # the series stay queryable after the job ended: what the scrapes saw last
         last = {
             s["metric"]["rank"]: float(s["value"][1])

@@ -42,6 +42,9 @@ from stoker.errors import AgentError, AgentRunningError, ConfigError, StokerErro
 from stoker.formats.tokens import TokenSource
 from stoker.units import parse_size
 
+#: Where an agent serves its metrics unless told otherwise (a second agent on the machine
+#: finds it taken and serves none).
+METRICS_PORT = 9409
 log = logging.getLogger("stoker.agent")
 
 
@@ -484,7 +487,11 @@ class Agent:
 
         registry = CollectorRegistry()
         registry.register(AgentCollector(self.stats))
-        server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+        try:
+            server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+        except OSError as exc:  # another agent of this machine has the port: go on without
+            log.warning("no metrics endpoint: port %d: %s", port, exc)
+            return
         host, port = server.server_address[:2]
         self.metrics_address = (str(host), int(port))
 
@@ -531,7 +538,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="exit after this many seconds without a connected reader (default: never)",
     )
     ap.add_argument(
-        "--metrics-port", type=int, default=None, help="serve /metrics on 127.0.0.1:PORT"
+        "--metrics-port",
+        type=int,
+        default=METRICS_PORT,
+        help=f"serve /metrics on 127.0.0.1:PORT (default {METRICS_PORT}; 0: any free port; "
+        "-1: none)",
     )
 
 
@@ -545,7 +556,7 @@ def run(args: argparse.Namespace) -> int:
         args.shm_limit,
         max_remote=args.max_remote,
         max_rate=args.max_rate,
-        metrics_port=args.metrics_port,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         idle_exit=args.idle_exit,
         shm_root=Path(args.shm_root) if args.shm_root else None,
     )

@@ -41,7 +41,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--metrics-port",
         type=int,
-        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any free port)",
+        default=9408,
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (default 9408; 0: any free "
+        "port; -1: none)",
     )
     ap.add_argument(
         "--no-locality",
@@ -108,12 +110,17 @@ def run(args: argparse.Namespace) -> int:
     )
     server = Server(coordinator, args.bind, token).start()
     metrics = ""
-    if args.metrics_port is not None:
+    if args.metrics_port >= 0:
         from stoker.coordinator.service import CoordinatorCollector
         from stoker.metrics import serve
 
-        port = serve(args.metrics_port, extra=[CoordinatorCollector(coordinator)])
-        metrics = f", metrics on 127.0.0.1:{port}"
+        try:
+            port = serve(args.metrics_port, extra=[CoordinatorCollector(coordinator)])
+            metrics = f", metrics on 127.0.0.1:{port}"
+        except OSError as exc:  # taken (another coordinator on this machine): go on without
+            logging.getLogger("stoker.coordinator").warning(
+                "no metrics endpoint: port %d: %s", args.metrics_port, exc
+            )
     print(
         f"stoker coordinator: serving {server.address} (epoch {coordinator.table.epoch}{metrics})",
         flush=True,
