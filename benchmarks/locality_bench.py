@@ -278,22 +278,24 @@ def reading(res: dict[str, Any]) -> list[str]:
         on, off = pair[True], pair[False]
         a, b = later(on), later(off)
         cmp = f"{a / b:.2f} of it" if b else "nothing to save"
+        e0 = [sum(r["epochs"][0]["remote_bytes"]) / stored for r in (on, off)]
         line = (
-            f"- Windows of {ws} shard{'s' if ws > 1 else ''}, leases of {lease}: epochs 1-2 "
-            f"fetch {_x(a, stored)} with locality vs {_x(b, stored)} without ({cmp}); over the "
+            f"- Windows of {ws} shard{'s' if ws > 1 else ''}, leases of {lease}: epoch 0 "
+            f"fetches {e0[0]:.2f}x with locality vs {e0[1]:.2f}x without; epochs 1-2 "
+            f"{_x(a, stored)} vs {_x(b, stored)} ({cmp}); over the "
             f"3 epochs {_x(on['remote_bytes'], stored)} vs {_x(off['remote_bytes'], stored)}."
         )
         ceiling = NODES * stored
         if min(on["remote_bytes"], off["remote_bytes"]) >= 0.98 * ceiling:
-            e0 = [sum(r["epochs"][0]["remote_bytes"]) / stored for r in (on, off)]
             line += (
-                f" Both reach the ceiling of {NODES}.00x (every node fetched every block), "
-                f"{min(e0):.2f}-{max(e0):.2f}x already in epoch 0: a lease of {lease} positions "
-                f"of a window of {ws} shards draws samples from all {ws} shards, so every node "
-                "that takes a lease in a window fetches almost all of the window's blocks. From "
-                "epoch 1 on each cache holds (nearly) everything, so locality has nothing left to "
-                "save; how epochs 1-2 split between on and off only reflects which blocks epoch "
-                "0 happened to leave."
+                f" Both reach the ceiling of {NODES}.00x (every node fetched every block). A "
+                f"lease of {lease} positions of a window of {ws} shards draws samples from all "
+                f"{ws} shards, so a node that takes a lease in a window fetches almost all of "
+                "its blocks: without locality every node takes leases in every window and "
+                "fetches nearly everything in epoch 0; with it a node goes on in the windows it "
+                "started, so epoch 0 stays near one copy, but the next epoch forms new windows "
+                f"of {ws} shards of which each node holds about a third, and the nodes fetch the "
+                "rest then."
             )
         elif ws > 1 and b and a / b > 0.8:
             # share of the blocks a node held when it reported
@@ -302,7 +304,7 @@ def reading(res: dict[str, Any]) -> list[str]:
                 sum(on["epochs"][e]["local_positions"]) / (NODES * res["samples"]) for e in (1, 2)
             ]
             line += (
-                f" Leases of a whole window keep epoch 0 near one copy, but locality saves "
+                f" Leases that keep to whole windows keep epoch 0 near one copy, but locality saves "
                 f"little: at the start of epoch 1 a node held {held[0]:.0%} of the blocks (with "
                 f"locality) and a window counted as local when it held at least half of its "
                 f"blocks, i.e. the windows reported local are only a little better than a random "
