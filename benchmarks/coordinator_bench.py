@@ -306,7 +306,7 @@ def render(res: dict[str, Any]) -> str:
         f"({'met' if dyn / ideal <= 1.1 else '**missed**'}).",
         "",
         "Locality (remote bytes over 3 epochs with and without cache-aware leases): see "
-        "\"Coordinator: locality over 3 epochs\" (benchmarks/locality_bench.py).",
+        '"Coordinator: locality over 3 epochs" (benchmarks/locality_bench.py).',
     ]
     return "\n".join(lines) + "\n"
 
