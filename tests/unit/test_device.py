@@ -488,3 +488,24 @@ def test_random_token_ids_survive_the_narrow_round_trip() -> None:
     )
     got = [b["tokens"] for b in p]
     assert all(g.dtype == torch.int64 and torch.equal(g, t) for g, t in zip(got, toks))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_loaders_device_option_reads_ahead_and_resumes_exactly(
+    data: SmallDataset, num_workers: int
+) -> None:
+    """TokenLoader(device=...) goes through the device tier: same batches, and a state taken
+    with batches in flight restores exactly."""
+    plain = ids(passes(loader(data, num_workers), 30))
+    dev = loader(data, num_workers, device="cpu", device_depth=3)
+    it = iter(dev)
+    head = [next(it) for _ in range(10)]
+    state = dev.state_dict()
+    assert dev._device is not None and prefetch_threads()  # reading ahead right now
+    it.close()
+    assert not prefetch_threads()
+    again = loader(data, num_workers, device="cpu", device_depth=3)
+    again.load_state_dict(state)
+    rest = passes(again, 20)
+    assert ids(head) + ids(rest) == plain
+    assert not prefetch_threads()

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from stoker.coordinator.client import CoordinatorClient
     from stoker.coordinator.embedded import Embedded
     from stoker.coordinator.leases import Config
+    from stoker.device import DevicePrefetcher
     from stoker.loader.dynamic import DynamicEpoch
 
 _DYNAMIC = {"stoker_state": st.STATE_VERSION, "mode": "coordinator"}
@@ -138,6 +139,11 @@ class TokenLoader:
     (B,) int64 and ``doc_start_mask`` (B, seq_len + 1) bool. The last batch of
     an epoch may be shorter. Iterating again runs the next epoch.
 
+    ``device`` (e.g. ``"cuda"``) puts each batch on that device before the
+    training step asks, ``device_depth`` batches ahead, through
+    :class:`~stoker.DevicePrefetcher`; the state still counts what training
+    took.
+
     ``metrics_port`` serves this process's metrics at ``/metrics`` on that port
     plus the local rank (off by default); :meth:`stats` gives the same stall
     and throughput figures in Python.
@@ -167,6 +173,8 @@ class TokenLoader:
         coordinator_state: str | None = None,
         coordinator_config: Config | None = None,
         metrics_port: int | None = None,
+        device: torch.device | str | None = None,
+        device_depth: int = 2,
     ) -> None:
         if num_workers < 0:
             raise ConfigError(f"num_workers must be >= 0, got {num_workers}")
@@ -185,6 +193,8 @@ class TokenLoader:
         self.coordinator_state = coordinator_state
         self.coordinator_config = coordinator_config
         self.metrics_port = metrics_port
+        self.device, self.device_depth = device, device_depth
+        self._device: DevicePrefetcher | None = None
         self._ready = 0
         self._client: CoordinatorClient | None = None
         self._embedded: Embedded | None = None
@@ -198,13 +208,21 @@ class TokenLoader:
         return self.dataset.batch_size
 
     def set_epoch(self, epoch: int) -> None:
+        if self._device is not None:
+            self._device.close()  # what it read ahead belongs to the old epoch
         self.dataset.set_epoch(epoch)
 
     def __len__(self) -> int:
         return -(-len(self.dataset) // self.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
-        """Exact state: samples the caller consumed, not what workers prefetched."""
+        """Exact state: samples the caller consumed, not what workers (or, with ``device``,
+        the device tier) read ahead."""
+        if self._device is not None:
+            return self._device.state_dict()
+        return self._host_state()
+
+    def _host_state(self) -> dict[str, Any]:
         if self.coordinator is None:
             return self.dataset.state_dict()
         ep = self.last_epoch
@@ -220,6 +238,12 @@ class TokenLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._device is not None:
+            self._device.load_state_dict(state)  # stops its read-ahead, then loads below
+            return
+        self._host_load(state)
+
+    def _host_load(self, state: dict[str, Any]) -> None:
         dynamic = state.get("mode") == "coordinator"
         if self.coordinator is None:
             if dynamic:
@@ -298,8 +322,18 @@ class TokenLoader:
         return out
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Each batch, timed: the wait inside ``next()`` is the data stall, the time until
-        the next ``next()`` the training step (see :meth:`stats`)."""
+        """Each batch (on ``device``, if given), in order."""
+        if self.device is None:
+            return self._host_iter()
+        if self._device is None:
+            from stoker.device import DevicePrefetcher
+
+            self._device = DevicePrefetcher(_HostView(self), self.device, self.device_depth)
+        return iter(self._device)
+
+    def _host_iter(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Each host batch, timed: the wait inside ``next()`` is the data stall, the time
+        until the next ``next()`` the training step (see :meth:`stats`)."""
         pl = self.dataset._placement()
         if self.metrics_port is not None:
             serve_once(self.metrics_port + pl.local_rank)
@@ -440,3 +474,25 @@ class TokenLoader:
             raise WorkerError(f"loader worker {w} failed:\n{trace}")
         apply_worker(rank, w, msg[2])
         return int(msg[0]), int(msg[1])
+
+
+class _HostView:
+    """A TokenLoader as its device tier sees it: host batches and the loader's own state."""
+
+    def __init__(self, loader: TokenLoader) -> None:
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self._loader._host_iter()
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._loader._host_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._loader._host_load(state)
+
+    def __getattr__(self, name: str) -> Any:  # dataset, coordinator, last_epoch, zero_copy...
+        return getattr(self._loader, name)
