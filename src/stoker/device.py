@@ -51,7 +51,7 @@ from typing import Any, Protocol
 import torch
 
 from stoker.errors import ConfigError, StokerError
-from stoker.metrics import LoaderStats
+from stoker.metrics import METRICS, LoaderStats
 
 Batch = dict[str, Any]
 Key = tuple[tuple[int, ...], torch.dtype]
@@ -564,6 +564,8 @@ class DevicePrefetcher:
         self._run: _Run | None = None
         self._state: Snapshot | None = None  # as of the last batch handed out, while it differs
         self._stats = LoaderStats(rank=-1)
+        placement = getattr(getattr(loader, "dataset", None), "_placement", None)
+        self._exported = METRICS.device(placement().rank if callable(placement) else 0)
         self._movers: list[Mover] = []
 
     def __len__(self) -> int:
@@ -600,12 +602,15 @@ class DevicePrefetcher:
                 self._state = snap
                 got = time.perf_counter()
                 ids, toks = batch.get("sample_id"), batch.get("tokens")
-                stats.handed(
+                figures = (
                     len(ids) if isinstance(ids, torch.Tensor) else 0,
                     toks.numel() if isinstance(toks, torch.Tensor) else 0,
                     got - asked,
                     None if handed is None else asked - handed,
                 )
+                stats.handed(*figures)
+                with METRICS.lock:
+                    self._exported.handed(*figures)
                 handed = got
                 yield batch
         finally:

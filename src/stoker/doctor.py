@@ -13,6 +13,8 @@ The rules, in order:
 * no stall (every rank waits for data less than ``stall`` of its time):
   the GPU, i.e. the training step, is the bottleneck; nothing to change here;
 * one rank stalls far more than the others: that rank straggles (named);
+* training waits for batches on the device while the loader keeps the device tier
+  fed: the host-to-device copy;
 * the node cache misses and evicts: it is smaller than the working set;
 * the cache misses without evicting and storage is busy (near the bandwidth
   given, or slow to answer): storage bandwidth;
@@ -105,6 +107,7 @@ class Evidence:
 
     seconds: float
     stall: dict[str, float] = field(default_factory=dict)  # rank -> share of time waiting
+    host_stall: dict[str, float] = field(default_factory=dict)  # the loader's, under a device tier
     tokens_per_s: dict[str, float] = field(default_factory=dict)  # rank
     worker_busy: float | None = None  # share of workers' time producing batches
     hit_ratio: float | None = None  # node cache (memory tier, else disk) hits / requests
@@ -140,6 +143,16 @@ def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: flo
         if span > 0:
             ev.stall[rank] = wait[rank] / span
             ev.tokens_per_s[rank] = tokens.get(rank, 0.0) / seconds
+    # with a device tier, training waits at the device; the loader's figures then measure
+    # the tier's reading thread (does the host keep up?)
+    dwait = delta("stoker_device_wait_seconds_sum", "rank")
+    dstep = delta("stoker_device_step_seconds_sum", "rank")
+    for rank in dwait:
+        span = dwait[rank] + dstep.get(rank, 0.0)
+        if span > 0:
+            if rank in ev.stall:
+                ev.host_stall[rank] = ev.stall[rank]
+            ev.stall[rank] = dwait[rank] / span
     busy = delta("stoker_loader_worker_busy_seconds_total")
     alive = delta("stoker_loader_worker_alive_seconds_total")
     if alive > 0:
@@ -191,7 +204,7 @@ class Thresholds:
 
 @dataclass
 class Diagnosis:
-    bottleneck: str  # none | straggler | cache | storage | cpu | prefetch | no-data
+    bottleneck: str  # none | straggler | h2d | cache | storage | cpu | prefetch | no-data
     summary: str
     advice: str
     evidence: list[str]
@@ -267,6 +280,18 @@ def diagnose(
                 lines,
                 rank=worst,
             )
+    if ev.host_stall and max(ev.host_stall.values()) <= t.stall:
+        host = ", ".join(f"{r}: {_pct(v)}" for r, v in sorted(ev.host_stall.items()))
+        return Diagnosis(
+            "h2d",
+            f"host-to-device copy: training waits {_pct(median)} of its time for batches on the "
+            "GPU while the loader keeps its device tier fed (host stall "
+            f"{_pct(max(ev.host_stall.values()))})",
+            "raise the device tier's depth (device_depth=), check that its buffers are pinned "
+            "(a CUDA machine), send narrower payloads (tokens as uint16), or overlap the copy "
+            "with more of the step",
+            [*lines, f"host stall under the device tier: {host}"],
+        )
     missing = ev.hit_ratio is not None and ev.hit_ratio < t.hit_ratio
     if missing and ev.evictions_per_s > t.evictions_per_s:
         return Diagnosis(

@@ -64,6 +64,7 @@ class Metrics:
         self.storage = dict.fromkeys(STORAGE, 0)
         self.storage_latency = Histogram()
         self.loaders: dict[int, LoaderStats] = {}  # by rank
+        self.devices: dict[int, LoaderStats] = {}  # by rank: the device tier, as training sees it
 
     # -- storage -------------------------------------------------------------------
     def storage_read(self, nbytes: int, seconds: float) -> None:
@@ -93,6 +94,14 @@ class Metrics:
             if rank not in self.loaders:
                 self.loaders[rank] = LoaderStats(rank)
             return self.loaders[rank]
+
+    def device(self, rank: int) -> LoaderStats:
+        """The device tier's figures: its ``wait`` is what training waits for a batch on
+        the GPU (the loader's own then measure the tier's reading thread)."""
+        with self.lock:
+            if rank not in self.devices:
+                self.devices[rank] = LoaderStats(rank)
+            return self.devices[rank]
 
 
 def storage_delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +190,8 @@ class Collector:
             latency = m.storage_latency.to_dict()
             loaders = [(r, ls.summary(), ls.wait.to_dict(), ls.step.to_dict(),
                         dict(ls.busy), dict(ls.alive)) for r, ls in m.loaders.items()]  # fmt: skip
+            devices = [(str(r), ls.batches, ls.wait.to_dict(), ls.step.to_dict())
+                       for r, ls in m.devices.items()]  # fmt: skip
         for name, help_ in (
             ("requests", "Requests to storage"),
             ("bytes", "Bytes read from storage"),
@@ -247,6 +258,29 @@ class Collector:
             None,
             steps,
         )
+        if devices:
+            dev_batches = CounterMetricFamily(
+                "stoker_device_batches",
+                "Batches the device tier handed to training",
+                labels=["rank"],
+            )
+            for drank, n, _, _ in devices:
+                dev_batches.add_metric([drank], n)
+            yield dev_batches
+            yield _histogram(
+                HistogramMetricFamily,
+                "stoker_device_wait_seconds",
+                "Time training waited for each batch on the device (the stall it sees)",
+                None,
+                [([r], w) for r, _, w, _ in devices],
+            )
+            yield _histogram(
+                HistogramMetricFamily,
+                "stoker_device_step_seconds",
+                "Time between a device batch handed out and the next request (the step)",
+                None,
+                [([r], s) for r, _, _, s in devices],
+            )
         from stoker import gpu
 
         yield from gpu.collect()

@@ -22,6 +22,7 @@ def exported(tmp_path: Path) -> set[str]:
     stats = metrics.loader(0)
     stats.handed(8, 8 * 129, 0.01, 0.1)
     stats.worker(0, 0.5, 1.0)
+    metrics.device(0).handed(8, 8 * 129, 0.02, 0.1)
     agent_stats = {name: 0 for name in Counters.NAMES}
     agent_stats.update(
         memory_bytes=0, memory_limit=1, disk_bytes=0, disk_limit=1, pinned_bytes=0,

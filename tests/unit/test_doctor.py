@@ -25,6 +25,13 @@ def ev(**kw) -> Evidence:
         (ev(stall={"0": 0.5, "1": 0.5}, worker_busy=0.97, hit_ratio=0.99), None, "cpu"),
         (ev(stall={"0": 0.5, "1": 0.5}, worker_busy=0.3, hit_ratio=0.99), None, "prefetch"),
         (ev(stall={}), None, "no-data"),
+        # training waits for device batches, the loader under the device tier does not
+        (ev(stall={"0": 0.3, "1": 0.3}, host_stall={"0": 0.01, "1": 0.02}), None, "h2d"),
+        (
+            ev(stall={"0": 0.3, "1": 0.3}, host_stall={"0": 0.4, "1": 0.3}, worker_busy=0.95),
+            None,
+            "cpu",
+        ),
     ],
 )
 def test_each_bottleneck_is_named(evidence: Evidence, bandwidth, expected: str) -> None:
@@ -64,3 +71,17 @@ def test_evidence_from_two_scrapes() -> None:
     assert e.tokens_per_s == {"0": 500.0}
     assert e.hit_ratio == 30 / 40 and e.evictions_per_s == 2.0
     assert doctor.diagnose(e).bottleneck == "cache"
+
+
+def test_a_device_tier_s_wait_is_the_stall_training_sees() -> None:
+    text = (
+        'stoker_loader_wait_seconds_sum{{rank="0"}} {lw}\n'
+        'stoker_loader_step_seconds_sum{{rank="0"}} {ls}\n'
+        'stoker_device_wait_seconds_sum{{rank="0"}} {dw}\n'
+        'stoker_device_step_seconds_sum{{rank="0"}} {ds}\n'
+    )
+    before = doctor.parse(text.format(lw=0, ls=0, dw=0, ds=0))
+    after = doctor.parse(text.format(lw=0.1, ls=9.9, dw=4.0, ds=6.0))
+    e = doctor.evidence({"a": before}, {"a": after}, 10.0)
+    assert e.stall == {"0": 0.4} and e.host_stall == {"0": 0.01}
+    assert doctor.diagnose(e).bottleneck == "h2d"
