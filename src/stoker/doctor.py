@@ -110,6 +110,7 @@ class Evidence:
     host_stall: dict[str, float] = field(default_factory=dict)  # the loader's, under a device tier
     tokens_per_s: dict[str, float] = field(default_factory=dict)  # rank
     worker_busy: float | None = None  # share of workers' time producing batches
+    busy_by_worker: dict[str, float] = field(default_factory=dict)  # "rank/worker" -> share
     hit_ratio: float | None = None  # node cache (memory tier, else disk) hits / requests
     evictions_per_s: float = 0.0
     remote_bytes_per_s: float = 0.0
@@ -153,6 +154,18 @@ def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: flo
             if rank in ev.stall:
                 ev.host_stall[rank] = ev.stall[rank]
             ev.stall[rank] = dwait[rank] / span
+    per: dict[str, list[float]] = {}
+    for ep in after:
+        for name, slot in (("stoker_loader_worker_busy_seconds_total", 0),
+                           ("stoker_loader_worker_alive_seconds_total", 1)):  # fmt: skip
+            for (n, labels), v in after[ep].items():
+                if n != name:
+                    continue
+                lab = dict(labels)
+                key = f"{lab.get('rank')}/{lab.get('worker')}"
+                pair = per.setdefault(key, [0.0, 0.0])
+                pair[slot] += v - before.get(ep, {}).get((n, labels), 0.0)
+    ev.busy_by_worker = {k: b / a for k, (b, a) in per.items() if a > 0}
     busy = delta("stoker_loader_worker_busy_seconds_total")
     alive = delta("stoker_loader_worker_alive_seconds_total")
     if alive > 0:
@@ -200,6 +213,7 @@ class Thresholds:
     storage_use: float = 0.85  # of the storage bandwidth given
     remote_latency: float = 0.05  # seconds per remote request that count as slow storage
     worker_busy: float = 0.85  # workers busier than this are the bottleneck
+    worker_straggler: float = 1.5  # a worker this many times busier than the others
 
 
 @dataclass
@@ -279,6 +293,26 @@ def diagnose(
                 "coordinator its work is rebalanced, without one consider coordinator=",
                 lines,
                 rank=worst,
+            )
+    by = ev.busy_by_worker
+    if len(by) > 1:
+        slow = max(by, key=lambda k: by[k])
+        rest = statistics.median(v for k, v in by.items() if k != slow)
+        if by[slow] >= t.worker_busy and by[slow] > t.worker_straggler * max(rest, 0.05):
+            rank, worker = slow.split("/")
+            return Diagnosis(
+                "straggler",
+                f"worker {worker} of rank {rank} straggles: busy {_pct(by[slow])} of its time, "
+                f"the others {_pct(rest)}; the rank hands batches out in order, so it waits "
+                "for that worker",
+                "look at what that worker reads (its share of the data, its core); more "
+                "workers spread its share",
+                [
+                    *lines,
+                    "worker busy share: "
+                    + ", ".join(f"{k}: {_pct(v)}" for k, v in sorted(by.items())),
+                ],
+                rank=rank,
             )
     if ev.host_stall and max(ev.host_stall.values()) <= t.stall:
         host = ", ".join(f"{r}: {_pct(v)}" for r, v in sorted(ev.host_stall.items()))

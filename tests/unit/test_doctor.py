@@ -85,3 +85,26 @@ def test_a_device_tier_s_wait_is_the_stall_training_sees() -> None:
     e = doctor.evidence({"a": before}, {"a": after}, 10.0)
     assert e.stall == {"0": 0.4} and e.host_stall == {"0": 0.01}
     assert doctor.diagnose(e).bottleneck == "h2d"
+
+
+def test_a_straggling_worker_is_named() -> None:
+    e = ev(
+        stall={"0": 0.3, "1": 0.3},
+        worker_busy=0.6,
+        busy_by_worker={"0/0": 0.4, "0/1": 0.97, "1/0": 0.45, "1/1": 0.42},
+    )
+    d = doctor.diagnose(e)
+    assert (d.bottleneck, d.rank) == ("straggler", "0") and "worker 1 of rank 0" in d.summary
+    even = ev(stall={"0": 0.3}, worker_busy=0.95, busy_by_worker={"0/0": 0.95, "0/1": 0.94})
+    assert doctor.diagnose(even).bottleneck == "cpu"  # all busy alike: the CPU, not a worker
+
+
+def test_busy_share_per_worker_from_two_scrapes() -> None:
+    text = (
+        'stoker_loader_worker_busy_seconds_total{{rank="0",worker="{w}"}} {b}\n'
+        'stoker_loader_worker_alive_seconds_total{{rank="0",worker="{w}"}} {a}\n'
+    )
+    before = doctor.parse(text.format(w=0, b=1, a=2) + text.format(w=1, b=1, a=2))
+    after = doctor.parse(text.format(w=0, b=2, a=6) + text.format(w=1, b=4.6, a=6))
+    e = doctor.evidence({"a": before}, {"a": after}, 4.0)
+    assert e.busy_by_worker == pytest.approx({"0/0": 0.25, "0/1": 0.9})
