@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import threading
 import time
 import traceback
@@ -191,9 +192,11 @@ def _worker(
     min_epoch: int,
     slots: _Slots,
     conn: Connection,
+    parent: int,
 ) -> None:
-    from stoker.loader.fast import _fill
+    from stoker.loader.fast import _fill, die_with_parent
 
+    die_with_parent(parent)
     torch.set_num_threads(1)
     reader = ds._reader()
     try:
@@ -356,7 +359,16 @@ class DynamicEpoch:
                 parent, child = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_worker,
-                    args=(ds, self.client, self.rank, w, self.min_epoch, rings[w], child),
+                    args=(
+                        ds,
+                        self.client,
+                        self.rank,
+                        w,
+                        self.min_epoch,
+                        rings[w],
+                        child,
+                        os.getpid(),
+                    ),
                     daemon=True,
                     name=f"stoker-lease-worker-{w}",
                 )

@@ -19,7 +19,10 @@ size or number of workers).
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
 import time
 import traceback
 import weakref
@@ -70,6 +73,18 @@ def _fill(reader: Any, ids: np.ndarray, slots: _Slots, slot: int) -> None:
     slots.ids[slot, :n].numpy()[...] = ids
 
 
+def die_with_parent(parent: int) -> None:
+    """End this (forked worker) process when its parent dies, even by SIGKILL: it would
+    otherwise wait forever on a pipe whose other end it inherited itself (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
 def _worker_main(
     ds: TokenDataset,
     progress: st.Progress,
@@ -78,7 +93,9 @@ def _worker_main(
     num_workers: int,
     slots: _Slots,
     conn: Connection,
+    parent: int,
 ) -> None:
+    die_with_parent(parent)
     torch.set_num_threads(1)
     reader = ds._reader()
     meter = WorkerMeter()
@@ -419,7 +436,7 @@ class TokenLoader:
                 parent, child = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_worker_main,
-                    args=(ds, progress, rank, w, nw, rings[w], child),
+                    args=(ds, progress, rank, w, nw, rings[w], child, os.getpid()),
                     daemon=True,
                     name=f"stoker-loader-{w}",
                 )
