@@ -299,12 +299,17 @@ def _histogram(
     )
     for labels, h in rows:
         assert h is not None
-        buckets, acc = [], 0
-        for bound, n in zip([*BUCKETS, float("inf")], h["counts"], strict=True):
-            acc += n
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
-        fam.add_metric(labels, buckets, h["sum"])
+        fam.add_metric(labels, cumulative(h["counts"]), h["sum"])
     return fam
+
+
+def cumulative(counts: list[int]) -> list[tuple[str, int]]:
+    """Prometheus buckets (``le`` label, cumulative count) of a :class:`Histogram`'s counts."""
+    buckets, acc = [], 0
+    for bound, n in zip([*BUCKETS, float("inf")], counts, strict=True):
+        acc += n
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+    return buckets
 
 
 class WorkerMeter:

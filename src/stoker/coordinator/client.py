@@ -33,6 +33,17 @@ class LeaseRejected(StokerError, RuntimeError):
         self.code = code
 
 
+def answers(reply: pb.ConfirmBatchReply) -> list[bool | None]:
+    """Per segment of a confirmed batch: True (lease complete), False (confirmed), None
+    (refused: drop its rows)."""
+    out: dict[int, bool | None] = {
+        pb.ConfirmBatchReply.CONFIRMED: False,
+        pb.ConfirmBatchReply.LEASE_DONE: True,
+        pb.ConfirmBatchReply.REFUSED: None,
+    }
+    return [out[a] for a in reply.answers]
+
+
 class CoordinatorUnavailable(StokerError, ConnectionError):
     """The coordinator did not answer within the retry window."""
 
@@ -143,12 +154,7 @@ class CoordinatorClient:
                 batch_size=size,
             ),
         )
-        out: dict[int, bool | None] = {
-            pb.ConfirmBatchReply.CONFIRMED: False,
-            pb.ConfirmBatchReply.LEASE_DONE: True,
-            pb.ConfirmBatchReply.REFUSED: None,
-        }
-        return [out[a] for a in r.answers]
+        return answers(r)
 
     def batch(self, calls: list[pb.Call]) -> list[pb.Result]:
         """Many consumers' calls in one message; a result per call, in order (each an

@@ -462,7 +462,7 @@ class CoordinatorCollector:
             HistogramMetricFamily,
         )
 
-        from stoker.metrics import BUCKETS
+        from stoker.metrics import cumulative
 
         c, m = self.c, self.c.metrics
         with c._lock, m._lock:
@@ -512,11 +512,7 @@ class CoordinatorCollector:
             labels=["method"],
         )
         for method, (counts, total) in sorted(latency.items()):
-            buckets, acc = [], 0
-            for bound, n in zip([*BUCKETS, float("inf")], counts, strict=True):
-                acc += n
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
-            lat.add_metric([method], buckets, total)
+            lat.add_metric([method], cumulative(counts), total)
         yield lat
 
 

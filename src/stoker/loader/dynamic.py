@@ -38,7 +38,7 @@ import torch
 
 from stoker import plan
 from stoker._proto import coordinator_pb2 as pb
-from stoker.coordinator.client import CoordinatorClient, LeaseRejected
+from stoker.coordinator.client import CoordinatorClient, LeaseRejected, answers
 from stoker.coordinator.source import LeaseStream
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.locality import local_ranges
@@ -125,11 +125,6 @@ class _Confirmer:
         return fut
 
     def _run(self) -> None:
-        answers = {
-            pb.ConfirmBatchReply.CONFIRMED: False,
-            pb.ConfirmBatchReply.LEASE_DONE: True,
-            pb.ConfirmBatchReply.REFUSED: None,
-        }
         while True:
             with self._cv:
                 while not self._queue and not self._closed:
@@ -148,7 +143,7 @@ class _Confirmer:
                 if r.WhichOneof("kind") == "error":
                     fut.set_exception(LeaseRejected(r.error.code, r.error.message))
                 else:
-                    fut.set_result([answers[a] for a in r.confirm_batch.answers])
+                    fut.set_result(answers(r.confirm_batch))
 
     def close(self) -> None:
         with self._cv:
