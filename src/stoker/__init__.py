@@ -25,6 +25,7 @@ from stoker.loader.dataset import TokenDataset
 from stoker.loader.fast import TokenLoader, WorkerError
 from stoker.loader.masks import cu_seqlens, doc_starts
 from stoker.manifest import Manifest
+from stoker.metered import Metered
 from stoker.storage import RetryPolicy, Storage
 
 __version__ = "0.1.0"
@@ -65,6 +66,7 @@ __all__ = [
     "LeaseRejected",
     "Manifest",
     "ManifestError",
+    "Metered",
     "NullCache",
     "RetryPolicy",
     "StateError",

@@ -111,6 +111,7 @@ class Evidence:
     tokens_per_s: dict[str, float] = field(default_factory=dict)  # rank
     worker_busy: float | None = None  # share of workers' time producing batches
     busy_by_worker: dict[str, float] = field(default_factory=dict)  # "rank/worker" -> share
+    thread_busy: float | None = None  # share of the block threads' time loading blocks
     hit_ratio: float | None = None  # node cache (memory tier, else disk) hits / requests
     evictions_per_s: float = 0.0
     remote_bytes_per_s: float = 0.0
@@ -170,6 +171,10 @@ def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: flo
     alive = delta("stoker_loader_worker_alive_seconds_total")
     if alive > 0:
         ev.worker_busy = busy / alive
+    tbusy = delta("stoker_loader_thread_busy_seconds_total")
+    talive = delta("stoker_loader_thread_alive_seconds_total")
+    if talive > 0:
+        ev.thread_busy = tbusy / talive
     for tier in ("memory", "disk"):
         hits = delta(f"stoker_agent_{tier}_requests_total", result="hit")
         misses = delta(f"stoker_agent_{tier}_requests_total", result="miss")
@@ -257,7 +262,8 @@ def diagnose(
         "data stall by rank: "
         + ", ".join(f"{r}: {_pct(v)}" for r, v in sorted(stalls.items(), key=lambda x: int(x[0])))
         + f" (threshold {_pct(t.stall)})",
-        f"worker busy share: {_pct(ev.worker_busy)} (threshold {_pct(t.worker_busy)})",
+        f"worker busy share: {_pct(ev.worker_busy)} (threshold {_pct(t.worker_busy)}), "
+        f"block threads busy {_pct(ev.thread_busy)}",
         f"cache hit ratio: {_pct(ev.hit_ratio)} (threshold {_pct(t.hit_ratio)}), "
         f"evictions {ev.evictions_per_s:.1f}/s",
         f"remote reads: {ev.remote_bytes_per_s / 1e6:.1f} MB/s"

@@ -4,9 +4,13 @@ Every part of stoker that runs in a training process counts into
 :data:`METRICS` (plain numbers behind a lock, cheap to bump). Nothing is served
 unless asked: :func:`serve` starts a ``/metrics`` endpoint (``stoker demo``, the
 agent and the coordinator turn theirs on; a library user passes
-``metrics_port=`` to :class:`~stoker.TokenLoader`). Loader worker processes
-count into their own copy and send what changed to the main process with each
-batch, so one endpoint per rank shows the whole rank, workers included.
+``metrics_port=`` to :class:`~stoker.TokenLoader`). Worker processes count
+into their own copy, and one endpoint per rank shows the whole rank, workers
+included: :class:`~stoker.TokenLoader`'s workers send what changed to the main
+process with each batch; the workers of torch's ``DataLoader`` iterating a
+:class:`~stoker.TokenDataset` write their totals to a small file in shared
+memory (:class:`WorkerExport`) that their parent's collector adds up, keeping
+the counts of workers that have exited.
 
 Names follow Prometheus conventions: ``stoker_<part>_<what>_<unit>``, counters
 end in ``_total``, times are seconds and sizes bytes. The agent and the
@@ -16,6 +20,7 @@ coordinator export their own families (``stoker_agent_*``,
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -63,8 +68,46 @@ class Metrics:
         self.lock = threading.Lock()
         self.storage = dict.fromkeys(STORAGE, 0)
         self.storage_latency = Histogram()
+        self.threads = Threads()
         self.loaders: dict[int, LoaderStats] = {}  # by rank
         self.devices: dict[int, LoaderStats] = {}  # by rank: the device tier, as training sees it
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        # a fork can happen while another thread (the /metrics server) holds the lock;
+        # the child's thread pools are its own (none yet)
+        self.lock = threading.Lock()
+        self.threads = Threads(busy=self.threads.busy, alive=self.threads.alive)
+
+    # -- block threads ---------------------------------------------------------------
+    def threads_opened(self, n: int) -> None:
+        """A pool of ``n`` block threads (fetch, verify, decode) now exists."""
+        with self.lock:
+            self.threads.tick(time.monotonic())
+            self.threads.count += n
+
+    def thread_busy(self, seconds: float) -> None:
+        with self.lock:
+            self.threads.busy += seconds
+
+    # -- the process's counters, for a worker's report ----------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """What this process counted in storage and its block threads (cumulative)."""
+        with self.lock:
+            self.threads.tick(time.monotonic())
+            return {
+                "storage": {**self.storage, "latency": self.storage_latency.to_dict()},
+                "threads": {"busy": self.threads.busy, "alive": self.threads.alive},
+            }
+
+    def add(self, delta: dict[str, Any]) -> None:
+        """Fold in what a worker process counted (a difference of :meth:`snapshot` s)."""
+        with self.lock:
+            for k in STORAGE:
+                self.storage[k] += delta["storage"][k]
+            self.storage_latency.add(delta["storage"]["latency"])
+            self.threads.busy += delta["threads"]["busy"]
+            self.threads.alive += delta["threads"]["alive"]
 
     # -- storage -------------------------------------------------------------------
     def storage_read(self, nbytes: int, seconds: float) -> None:
@@ -80,13 +123,6 @@ class Metrics:
     def storage_snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {**self.storage, "latency": self.storage_latency.to_dict()}
-
-    def add_storage(self, delta: dict[str, Any]) -> None:
-        """Fold in what a worker process counted (:func:`storage_delta`)."""
-        with self.lock:
-            for k in STORAGE:
-                self.storage[k] += delta[k]
-            self.storage_latency.add(delta["latency"])
 
     # -- loaders ---------------------------------------------------------------------
     def loader(self, rank: int) -> LoaderStats:
@@ -104,14 +140,30 @@ class Metrics:
             return self.devices[rank]
 
 
-def storage_delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    """What changed between two :meth:`Metrics.storage_snapshot` results."""
-    out: dict[str, Any] = {k: now[k] - before[k] for k in STORAGE}
-    out["latency"] = {
-        "counts": [a - b for a, b in zip(now["latency"]["counts"], before["latency"]["counts"])],
-        "sum": now["latency"]["sum"] - before["latency"]["sum"],
+@dataclass
+class Threads:
+    """The block threads of a process: how many exist, and their busy and alive seconds."""
+
+    count: int = 0
+    busy: float = 0.0
+    alive: float = 0.0  # thread-seconds: count x time, summed
+    stamp: float = field(default_factory=time.monotonic)
+
+    def tick(self, now: float) -> None:
+        self.alive += self.count * (now - self.stamp)
+        self.stamp = now
+
+
+def delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What changed between two :meth:`Metrics.snapshot` results."""
+    s, b = now["storage"], before["storage"]
+    storage: dict[str, Any] = {k: s[k] - b[k] for k in STORAGE}
+    storage["latency"] = {
+        "counts": [x - y for x, y in zip(s["latency"]["counts"], b["latency"]["counts"])],
+        "sum": s["latency"]["sum"] - b["latency"]["sum"],
     }
-    return out
+    threads = {k: now["threads"][k] - before["threads"][k] for k in ("busy", "alive")}
+    return {"storage": storage, "threads": threads}
 
 
 @dataclass
@@ -185,13 +237,18 @@ class Collector:
         )
 
         m = self.metrics
+        own = m.snapshot()
         with m.lock:
-            storage = dict(m.storage)
-            latency = m.storage_latency.to_dict()
-            loaders = [(r, ls.summary(), ls.wait.to_dict(), ls.step.to_dict(),
-                        dict(ls.busy), dict(ls.alive)) for r, ls in m.loaders.items()]  # fmt: skip
+            loaders = {r: (ls.summary(), ls.wait.to_dict(), ls.step.to_dict(),
+                           dict(ls.busy), dict(ls.alive)) for r, ls in m.loaders.items()}  # fmt: skip
             devices = [(str(r), ls.batches, ls.wait.to_dict(), ls.step.to_dict())
                        for r, ls in m.devices.items()]  # fmt: skip
+        workers: dict[tuple[int, int], list[float]] = {}  # rank, worker -> [busy, alive]
+        if m is METRICS:
+            from stoker.metrics_export import with_exported
+
+            own, workers = with_exported(own)
+        storage, latency, threads = own["storage"], own["storage"]["latency"], own["threads"]
         for name, help_ in (
             ("requests", "Requests to storage"),
             ("bytes", "Bytes read from storage"),
@@ -205,6 +262,16 @@ class Collector:
             "stoker_storage_request_seconds",
             "Latency of storage requests",
             latency,
+        )
+        yield CounterMetricFamily(
+            "stoker_loader_thread_busy_seconds",
+            "Seconds the block threads (fetch, verify, decode) spent loading blocks",
+            value=threads["busy"],
+        )
+        yield CounterMetricFamily(
+            "stoker_loader_thread_alive_seconds",
+            "Thread-seconds the block threads existed (threads x seconds)",
+            value=threads["alive"],
         )
         batches = CounterMetricFamily(
             "stoker_loader_batches", "Batches handed to training", labels=["rank"]
@@ -232,17 +299,21 @@ class Collector:
         )
         waits = []
         steps = []
-        for rank, s, wait, step, b, a in loaders:
+        for rank, (s, wait, step, b, a) in loaders.items():
             lab = [str(rank)]
             batches.add_metric(lab, s["batches"])
             samples.add_metric(lab, s["samples"])
             tokens.add_metric(lab, s["tokens"])
             ready.add_metric(lab, s["ready_batches"])
-            for w in sorted(b):
-                busy.add_metric([str(rank), str(w)], b[w])
-                alive.add_metric([str(rank), str(w)], a.get(w, 0.0))
+            for w in b:
+                acc = workers.setdefault((rank, w), [0.0, 0.0])
+                acc[0] += b[w]
+                acc[1] += a.get(w, 0.0)
             waits.append((lab, wait))
             steps.append((lab, step))
+        for (rank, w), (b_, a_) in sorted(workers.items()):
+            busy.add_metric([str(rank), str(w)], b_)
+            alive.add_metric([str(rank), str(w)], a_)
         yield from (batches, samples, tokens, ready, busy, alive)
         yield _histogram(
             HistogramMetricFamily,
@@ -316,22 +387,22 @@ class WorkerMeter:
     """A loader worker's counting: what changed since its last batch message."""
 
     def __init__(self) -> None:
-        self.last = METRICS.storage_snapshot()
+        self.last = METRICS.snapshot()  # a forked worker starts with its parent's counts
         self.since = time.monotonic()
 
     def delta(self, busy: float) -> dict[str, Any]:
-        now, t = METRICS.storage_snapshot(), time.monotonic()
-        out = {"storage": storage_delta(now, self.last), "busy": busy, "alive": t - self.since}
+        now, t = METRICS.snapshot(), time.monotonic()
+        out = {**delta(now, self.last), "busy": busy, "alive": t - self.since}
         self.last, self.since = now, t
         return out
 
 
-def apply_worker(rank: int, worker: int, delta: dict[str, Any]) -> None:
+def apply_worker(rank: int, worker: int, change: dict[str, Any]) -> None:
     """Fold a worker's :meth:`WorkerMeter.delta` into this (the main) process's metrics."""
-    METRICS.add_storage(delta["storage"])
+    METRICS.add(change)
     stats = METRICS.loader(rank)
     with METRICS.lock:
-        stats.worker(worker, delta["busy"], delta["alive"])
+        stats.worker(worker, change["busy"], change["alive"])
 
 
 _served: dict[int, int] = {}

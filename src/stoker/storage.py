@@ -180,6 +180,7 @@ class Storage:
                     self._pool = ThreadPoolExecutor(
                         self.max_inflight, thread_name_prefix="stoker-io"
                     )
+                    METRICS.threads_opened(self.max_inflight)
         return self._pool
 
     def _options(self) -> dict[str, Any]:

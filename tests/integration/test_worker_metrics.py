@@ -1,0 +1,135 @@
+"""torch DataLoader workers' counts reach their parent's /metrics (real workers, real nginx)."""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from torch.utils.data import DataLoader
+
+from stoker import Metered, TokenDataset
+from stoker.metrics import serve
+from stoker.metrics_export import export_dir
+
+from .helpers import Written, assert_exactly_once
+
+SEQ_LEN = 32
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the endpoint: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(m: dict, name: str, **labels: str) -> float:
+    return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_dataloader_workers_counts_reach_the_parent(serve_dir, small_dataset: Written) -> None:
+    origin, url = serve_dir(small_dataset.path)
+    port = serve(0)
+    ds = TokenDataset(url, SEQ_LEN, batch_size=4, shard_size=8, window_shards=4, seed=3)
+    n_before = len(origin.access_log())
+    before = scrape(port)
+    dl = DataLoader(ds, batch_size=4, num_workers=2, timeout=120)
+
+    # while the workers live: after a batch from each, both have reported
+    it = iter(dl)
+    ids = [*next(it)["sample_id"].tolist(), *next(it)["sample_id"].tolist()]
+    live = scrape(port)
+    for w in ("0", "1"):
+        assert value(live, "stoker_loader_worker_busy_seconds_total", rank="0", worker=w) > 0
+    assert value(live, "stoker_storage_read_bytes_total") > value(
+        before, "stoker_storage_read_bytes_total"
+    )
+    for batch in it:
+        ids += batch["sample_id"].tolist()
+    assert_exactly_once(ids, ds.num_samples)
+    del it  # the workers exit (not persistent)
+
+    after = scrape(port)
+    log = origin.access_log()[n_before:]
+    assert log, "the workers read nothing from the origin"
+    # every byte and request the workers made is counted once, none lost at their exit
+    got = value(after, "stoker_storage_read_bytes_total") - value(
+        before, "stoker_storage_read_bytes_total"
+    )
+    assert got == sum(r.bytes_sent for r in log)
+    requests = value(after, "stoker_storage_requests_total") - value(
+        before, "stoker_storage_requests_total"
+    )
+    assert requests == len(log)
+    latency = value(after, "stoker_storage_request_seconds_count") - value(
+        before, "stoker_storage_request_seconds_count"
+    )
+    assert latency == len(log)
+    for w in ("0", "1"):
+        busy = value(after, "stoker_loader_worker_busy_seconds_total", rank="0", worker=w)
+        alive = value(after, "stoker_loader_worker_alive_seconds_total", rank="0", worker=w)
+        assert 0 < busy <= alive
+    threads = value(after, "stoker_loader_thread_busy_seconds_total") - value(
+        before, "stoker_loader_thread_busy_seconds_total"
+    )
+    thread_time = value(after, "stoker_loader_thread_alive_seconds_total") - value(
+        before, "stoker_loader_thread_alive_seconds_total"
+    )
+    assert 0 < threads <= thread_time
+    # exited workers' files are folded into the parent's totals and removed
+    d = Path(export_dir(os.getpid()))
+    assert not d.exists() or not [p for p in d.iterdir() if p.suffix == ".json"]
+    again = scrape(port)
+    for key in (
+        "stoker_storage_read_bytes_total",
+        "stoker_storage_requests_total",
+        "stoker_loader_thread_busy_seconds_total",
+    ):
+        assert value(again, key) == value(after, key)  # counted once, not on every scrape
+
+    # a second epoch's new workers add to the same series
+    ds.set_epoch(1)
+    n_second = len(origin.access_log())
+    assert len(list(DataLoader(ds, batch_size=4, num_workers=2, timeout=120))) > 0
+    log2 = origin.access_log()[n_second:]
+    final = scrape(port)
+    assert value(final, "stoker_storage_read_bytes_total") - value(
+        after, "stoker_storage_read_bytes_total"
+    ) == sum(r.bytes_sent for r in log2)
+    for w in ("0", "1"):
+        assert value(final, "stoker_loader_worker_alive_seconds_total", rank="0", worker=w) > value(
+            after, "stoker_loader_worker_alive_seconds_total", rank="0", worker=w
+        )
+
+
+def test_metered_dataloader_reports_the_stall_like_token_loader(small_dataset: Written) -> None:
+    port = serve(0)
+    ds = TokenDataset(
+        str(small_dataset.path), SEQ_LEN, batch_size=4, shard_size=8, window_shards=4, seed=5
+    )
+    loader = Metered(DataLoader(ds, batch_size=4, num_workers=2, timeout=120), rank=0)
+    before = scrape(port)
+    batches = [b["sample_id"].tolist() for b in loader]
+    after = scrape(port)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert_exactly_once([i for b in batches for i in b], ds.num_samples)
+    assert len(loader) == len(batches)
+    assert grew("stoker_loader_batches_total", rank="0") == len(batches)
+    assert grew("stoker_loader_samples_total", rank="0") == ds.num_samples
+    assert grew("stoker_loader_tokens_total", rank="0") == ds.num_samples * (SEQ_LEN + 1)
+    assert grew("stoker_loader_wait_seconds_count", rank="0") == len(batches)
+    assert grew("stoker_loader_step_seconds_count", rank="0") == len(batches) - 1
+    stats = loader.stats()
+    assert 0.0 <= stats["stall_share"] <= 1.0
+    assert stats["worker_busy_share"] is not None and 0.0 < stats["worker_busy_share"] <= 1.0
+    assert stats["storage"]["bytes"] >= value(after, "stoker_storage_read_bytes_total") > 0
+    assert loader.dataset is ds  # the loader's own attributes pass through
