@@ -228,6 +228,7 @@ class Diagnosis:
     advice: str
     evidence: list[str]
     rank: str | None = None
+    worker: str | None = None  # a straggling worker of ``rank``
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -236,6 +237,7 @@ class Diagnosis:
             "advice": self.advice,
             "evidence": self.evidence,
             "rank": self.rank,
+            "worker": self.worker,
         }
 
 
@@ -319,6 +321,7 @@ def diagnose(
                     + ", ".join(f"{k}: {_pct(v)}" for k, v in sorted(by.items())),
                 ],
                 rank=rank,
+                worker=worker,
             )
     if ev.host_stall and max(ev.host_stall.values()) <= t.stall:
         host = ", ".join(f"{r}: {_pct(v)}" for r, v in sorted(ev.host_stall.items()))

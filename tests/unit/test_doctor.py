@@ -94,7 +94,8 @@ def test_a_straggling_worker_is_named() -> None:
         busy_by_worker={"0/0": 0.4, "0/1": 0.97, "1/0": 0.45, "1/1": 0.42},
     )
     d = doctor.diagnose(e)
-    assert (d.bottleneck, d.rank) == ("straggler", "0") and "worker 1 of rank 0" in d.summary
+    assert (d.bottleneck, d.rank, d.worker) == ("straggler", "0", "1")
+    assert "worker 1 of rank 0" in d.summary
     even = ev(stall={"0": 0.3}, worker_busy=0.95, busy_by_worker={"0/0": 0.95, "0/1": 0.94})
     assert doctor.diagnose(even).bottleneck == "cpu"  # all busy alike: the CPU, not a worker
 
