@@ -2,21 +2,50 @@
 
 Every ``interval`` seconds it scrapes the endpoints again and prints, from the
 rates since the last scrape: the job's throughput and stall share, the node
-caches' hit ratio and remote bandwidth, and a row per rank (tokens/s, stall,
-batches ready, worker busy share). Rows come from :func:`stoker.doctor.evidence`.
+caches' hit ratio and remote bandwidth, a row per node (the endpoints of one
+host: its ranks, their tokens/s and stall, its cache hits and remote reads) and
+a row per rank (tokens/s, stall, batches ready, consumption at the
+coordinator). Rows come from :func:`stoker.doctor.evidence`.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+import urllib.parse
 from typing import TextIO
 
 from stoker import doctor
 
 
-def frame(ev: doctor.Evidence, endpoints: dict[str, doctor.Samples]) -> str:
-    """One screen of the view."""
+def host(endpoint: str) -> str:
+    """The machine of an endpoint (``host:port`` or a URL)."""
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    return urllib.parse.urlsplit(url).hostname or endpoint
+
+
+def by_node(
+    before: dict[str, doctor.Samples], after: dict[str, doctor.Samples], seconds: float
+) -> dict[str, doctor.Evidence]:
+    """The evidence of each node: its endpoints' samples alone."""
+    hosts: dict[str, list[str]] = {}
+    for ep in after:
+        if ep[:1] != "!":
+            hosts.setdefault(host(ep), []).append(ep)
+    return {
+        h: doctor.evidence(
+            {ep: before.get(ep, {}) for ep in eps}, {ep: after[ep] for ep in eps}, seconds
+        )
+        for h, eps in sorted(hosts.items())
+    }
+
+
+def frame(
+    ev: doctor.Evidence,
+    endpoints: dict[str, doctor.Samples],
+    nodes: dict[str, doctor.Evidence] | None = None,
+) -> str:
+    """One screen of the view (``nodes``: :func:`by_node`)."""
     ranks = sorted(ev.stall, key=int)
     total = sum(ev.tokens_per_s.values())
     stall = sum(ev.stall.values()) / len(ranks) if ranks else 0.0
@@ -29,6 +58,22 @@ def frame(ev: doctor.Evidence, endpoints: dict[str, doctor.Samples]) -> str:
         f"throughput {total:,.0f} tokens/s   stall {100 * stall:.1f}%   "
         f"cache hits {doctor._pct(ev.hit_ratio)}   remote {ev.remote_bytes_per_s / 1e6:.1f} MB/s"
         f"   workers busy {doctor._pct(ev.worker_busy)}",
+    ]
+    if nodes:
+        lines += [
+            "",
+            f"{'node':<16} {'ranks':<10} {'tokens/s':>12} {'stall':>7} {'hits':>7} "
+            f"{'remote MB/s':>12}",
+        ]
+        for name, n in nodes.items():
+            nr = sorted(n.stall, key=int)
+            nstall = sum(n.stall.values()) / len(nr) if nr else 0.0
+            lines.append(
+                f"{name:<16} {','.join(nr) or '-':<10} {sum(n.tokens_per_s.values()):>12,.0f} "
+                f"{100 * nstall:>6.1f}% {doctor._pct(n.hit_ratio):>7} "
+                f"{n.remote_bytes_per_s / 1e6:>12.1f}"
+            )
+    lines += [
         "",
         f"{'rank':>6} {'tokens/s':>12} {'stall':>7} {'ready':>6} {'consumed/s':>11}",
     ]
@@ -57,7 +102,7 @@ def run(
         after, t1 = doctor.scrape(endpoints), time.monotonic()
         ev = doctor.evidence(before, after, t1 - t0)
         clear = "\x1b[2J\x1b[H" if out.isatty() else ""
-        out.write(clear + frame(ev, after) + "\n")
+        out.write(clear + frame(ev, after, by_node(before, after, t1 - t0)) + "\n")
         out.flush()
         before, t0 = after, t1
         n += 1
