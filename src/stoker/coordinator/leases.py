@@ -18,24 +18,24 @@ Vocabulary (positions are stream positions of the epoch, see ``plan.py``):
   is dropped. So a position reaches training at most once, and a consumer that
   goes silent has ``[confirmed, end)`` put back in the queue: exactly once;
 * **work stealing**: when the queue is empty, the lease with the most time
-  left (unread positions over its consumer's rate) is cut in two and the idle
-  consumer gets the far part, sized in proportion to the two consumers' rates
-  so that both are expected to finish together. Only positions beyond the
-  victim's horizon move, and the victim never reads past its horizon, so
-  nothing stolen was read.
+  left is cut in two and the idle consumer gets the far part, beyond the
+  victim's horizon, so nothing stolen was read (the rule:
+  :mod:`stoker.coordinator.stealing`);
+* **locality**: a node's fresh leases come first from the positions its cache
+  holds or the shuffle windows it was granted before
+  (:mod:`stoker.coordinator.locality`).
+
+Position ranges are sorted, disjoint lists of tuples
+(:mod:`stoker.coordinator.ranges`).
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stoker.coordinator import delivery
-
-#: Rate assumed for a consumer that has not reported progress yet (positions/s).
-DEFAULT_RATE = 1.0
+from stoker.coordinator import delivery, locality, stealing
+from stoker.coordinator.ranges import insert, merged, subtract
 
 
 class LeaseError(Exception):
@@ -153,7 +153,7 @@ class LeaseTable:
         self._answers: dict[tuple[int, int], list[bool | None]] = {}  # (rank, seq) -> answer
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
-        self._windows = _windows(stream)  # (samples per data epoch, positions per window)
+        self._windows = locality.windows(stream)  # (samples per data epoch, positions per window)
         self.origin = origin  # the checkpoint this table was restored from
         self.first_step = 0  # batches every rank had handed out before this table began
         self._next_consumer, self._next_lease = first_ids
@@ -216,7 +216,7 @@ class LeaseTable:
         args: dict[str, Any] = {"rank": rank, "worker": worker}
         if stream and not self.stream:
             self.stream = args["stream"] = stream
-            self._windows = _windows(stream)
+            self._windows = locality.windows(stream)
         if node:
             args["node"] = node
         self._record("register", now, **args)
@@ -228,11 +228,7 @@ class LeaseTable:
         c = self._live(consumer)
         c.last_seen = now
         if c.node:
-            merged: list[tuple[int, int]] = []
-            for a, b in sorted((int(a), int(b)) for a, b in ranges):
-                if b > a:
-                    _insert(merged, (a, b))
-            self.local[c.node] = merged
+            self.local[c.node] = merged(ranges)
         self._record("local", now, consumer=consumer, ranges=[list(r) for r in ranges])
 
     def _live(self, consumer: int) -> Consumer:
@@ -300,51 +296,18 @@ class LeaseTable:
         return ls
 
     def _pick(self, c: Consumer) -> tuple[int, int, int]:
-        """Where ``c``'s next fresh lease starts: ``(queue index, start, limit)``.
-
-        Without locality, the front of the queue. With it: the first queued
-        positions of ``c``'s node (its cache holds them, or they are in a shuffle
-        window granted to the node before: its reader has that window's blocks);
-        else the first that belong to no other node; else the front.
-        """
-        a, b = self.queue[0]
-        if not self.config.locality or not c.node or not (self.local or self.claimed):
+        """Where ``c``'s next fresh lease starts: ``(queue index, start, limit)``; the
+        front of the queue without ``Config.locality``, else :func:`locality.pick`."""
+        if not self.config.locality:
+            a, b = self.queue[0]
             return 0, a, b
-        mine = sorted(self.local.get(c.node, []) + self.claimed.get(c.node, []))
-        for i, (qa, qb) in enumerate(self.queue):
-            for la, lb in mine:
-                if la < qb and qa < lb:
-                    return i, max(qa, la), min(qb, lb)
-        others = sorted(
-            r
-            for table in (self.local, self.claimed)
-            for node, rs in table.items()
-            if node != c.node
-            for r in rs
-        )
-        for i, (qa, qb) in enumerate(self.queue):
-            start = qa
-            for la, lb in others:
-                if lb <= start:
-                    continue
-                if la > start:
-                    break
-                start = lb  # inside another node's cached part: skip past it
-            if start < qb:
-                nxt = next((la for la, _ in others if la > start), qb)
-                return i, start, min(qb, nxt)
-        return 0, a, b
+        return locality.pick(self.queue, c.node, self.local, self.claimed)
 
     def _claim(self, c: Consumer, start: int, end: int) -> None:
         """The shuffle windows ``[start, end)`` touches now belong to ``c``'s node: its
         reader fetches their blocks, so later leases in them go to the node first."""
-        if not (self.config.locality and c.node and self._windows):
-            return
-        S, W = self._windows
-        claimed = self.claimed.setdefault(c.node, [])
-        base = (start // S) * S
-        for w in range((start - base) // W, (end - 1 - base) // W + 1):
-            _insert(claimed, (base + w * W, min(base + (w + 1) * W, base + S)))
+        if self.config.locality and c.node and self._windows:
+            locality.claim(self.claimed.setdefault(c.node, []), self._windows, start, end)
 
     def _from_queue(self, c: Consumer, room: int) -> Grant | None:
         if not self.queue:
@@ -359,33 +322,13 @@ class LeaseTable:
         return Grant(ls.id, ls.start, ls.end, ls.horizon)
 
     def _steal(self, thief: Consumer, room: int) -> Grant | None:
-        """Split the lease with the most time left; the thief takes the far half.
-
-        Leases of the thief's own rank can always be split (the rank's count does
-        not change); another rank's only up to the thief rank's ``room``.
-        """
-        best, best_time = None, -1.0
-        rates = [x.rate for x in self.consumers.values() if x.alive and x.rate > 0]
-        fallback = sum(rates) / len(rates) if rates else DEFAULT_RATE
-        for ls in self.leases.values():
-            if ls.consumer == thief.id or (ls.rank != thief.rank and room <= 0):
-                continue
-            if ls.unread_beyond_horizon < self.config.min_steal:
-                continue
-            rate = self.consumers[ls.consumer].rate or fallback
-            left = (ls.end - ls.read) / rate
-            if left > best_time:
-                best, best_time = ls, left
-        if best is None:
+        """Cut the lease :func:`stealing.choose` picks; the thief takes its far part."""
+        cut = stealing.choose(
+            self.leases.values(), self.consumers, thief, room, self.config.min_steal
+        )
+        if cut is None:
             return None
-        # split in proportion to the two rates, so both are expected to finish together
-        victim_rate = self.consumers[best.consumer].rate or fallback
-        thief_rate = thief.rate or fallback
-        share = best.unread_beyond_horizon * thief_rate / (thief_rate + victim_rate)
-        share = max(1, min(best.unread_beyond_horizon - 1, round(share)))
-        moved = share if best.rank == thief.rank else min(room, share)
-        if moved < 1:
-            return None
+        best, moved = cut
         mid = best.end - moved
         best.end = mid
         self.assigned[best.rank] -= moved
@@ -454,7 +397,7 @@ class LeaseTable:
                 f"{min(ls.end, max(ls.read, ls.horizon))}]",
             )
         if upto > ls.confirmed:
-            _insert(self.consumed, (ls.confirmed, upto))
+            insert(self.consumed, (ls.confirmed, upto))
             self._consumed(c, upto - ls.confirmed, now)
             self.by_rank[c.rank] += upto - ls.confirmed
             ls.confirmed = upto
@@ -536,7 +479,7 @@ class LeaseTable:
             for lid in c.leases:
                 ls = self.leases.pop(lid)
                 if ls.end > ls.confirmed:
-                    _insert(self.queue, (ls.confirmed, ls.end))
+                    insert(self.queue, (ls.confirmed, ls.end))
                     self.assigned[ls.rank] -= ls.end - ls.confirmed
                     self.requeued += ls.end - ls.confirmed
             c.leases.clear()
@@ -604,7 +547,7 @@ class LeaseTable:
                     f"{self.epoch}, not {batches}: checkpoint after the step every rank has taken",
                 )
             for r in got:
-                _insert(consumed, r)
+                insert(consumed, r)
         return {
             "epoch": self.epoch,
             "epoch_set": [list(p) for p in self.epoch_set],
@@ -634,7 +577,7 @@ class LeaseTable:
         """
         epoch_set = [(int(a), int(b)) for a, b in snapshot["epoch_set"]]
         consumed = [(int(a), int(b)) for a, b in snapshot["consumed"]]
-        remaining = _subtract(epoch_set, consumed)
+        remaining = subtract(epoch_set, consumed)
         table = LeaseTable(
             int(snapshot["epoch"]),
             remaining,
@@ -699,47 +642,3 @@ class LeaseTable:
             "claimed": {k: list(v) for k, v in self.claimed.items()},
             "stream": self.stream,
         }
-
-
-def _windows(stream: str) -> tuple[int, int] | None:
-    """``(samples per data epoch, positions per shuffle window)`` of a consumers' stream
-    description (windows start every ``shard_size * window_shards`` positions of a data
-    epoch, give or take the one short shard); None when it does not say."""
-    if not stream:
-        return None
-    try:
-        s = json.loads(stream)
-        S, W = int(s["num_samples"]), int(s["shard_size"]) * int(s["window_shards"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return (S, W) if S > 0 and W > 0 else None
-
-
-def _insert(ranges: list[tuple[int, int]], new: tuple[int, int]) -> None:
-    """Insert ``new`` into sorted disjoint ``ranges``, merging neighbours (in place)."""
-    a, b = new
-    i = bisect.bisect_left(ranges, (a, b))
-    if i > 0 and ranges[i - 1][1] >= a:
-        i -= 1
-        a = min(a, ranges[i][0])
-        b = max(b, ranges[i][1])
-        del ranges[i]
-    while i < len(ranges) and ranges[i][0] <= b:
-        b = max(b, ranges[i][1])
-        del ranges[i]
-    ranges.insert(i, (a, b))
-
-
-def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = []
-    for start, stop in a:
-        cur = start
-        for x, y in b:
-            if y <= cur or x >= stop:
-                continue
-            if x > cur:
-                out.append((cur, x))
-            cur = max(cur, y)
-        if cur < stop:
-            out.append((cur, stop))
-    return out

@@ -1,0 +1,77 @@
+"""Where a node's next fresh lease starts: the coordinator's side of locality (pure).
+
+Consumers report the positions their node's cache holds
+(:mod:`stoker.loader.locality`), and a node that is granted a lease claims the
+shuffle windows it touches (its reader fetches their blocks). With
+``Config.locality`` the lease table grants a node its own positions first,
+then positions that belong to no node, then the front of the queue. Every
+range list here is sorted and disjoint (:mod:`stoker.coordinator.ranges`).
+"""
+
+from __future__ import annotations
+
+import json
+
+from stoker.coordinator import ranges
+
+
+def windows(stream: str) -> tuple[int, int] | None:
+    """``(samples per data epoch, positions per shuffle window)`` of a consumers' stream
+    description (windows start every ``shard_size * window_shards`` positions of a data
+    epoch, give or take the one short shard); None when it does not say."""
+    if not stream:
+        return None
+    try:
+        s = json.loads(stream)
+        S, W = int(s["num_samples"]), int(s["shard_size"]) * int(s["window_shards"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (S, W) if S > 0 and W > 0 else None
+
+
+def pick(
+    queue: list[tuple[int, int]],
+    node: str,
+    local: dict[str, list[tuple[int, int]]],
+    claimed: dict[str, list[tuple[int, int]]],
+) -> tuple[int, int, int]:
+    """Where ``node``'s next fresh lease starts in the (non-empty) ``queue``:
+    ``(queue index, start, limit)``.
+
+    The first queued positions of ``node`` (``local``: its cache holds them, or
+    ``claimed``: they are in a shuffle window granted to the node before, so its
+    reader has that window's blocks); else the first that belong to no other node;
+    else the front. Without a node, or with no node known, the front.
+    """
+    a, b = queue[0]
+    if not node or not (local or claimed):
+        return 0, a, b
+    mine = sorted(local.get(node, []) + claimed.get(node, []))
+    for i, (qa, qb) in enumerate(queue):
+        for la, lb in mine:
+            if la < qb and qa < lb:
+                return i, max(qa, la), min(qb, lb)
+    others = sorted(
+        r for table in (local, claimed) for n, rs in table.items() if n != node for r in rs
+    )
+    for i, (qa, qb) in enumerate(queue):
+        start = qa
+        for la, lb in others:
+            if lb <= start:
+                continue
+            if la > start:
+                break
+            start = lb  # inside another node's cached part: skip past it
+        if start < qb:
+            nxt = next((la for la, _ in others if la > start), qb)
+            return i, start, min(qb, nxt)
+    return 0, a, b
+
+
+def claim(claimed: list[tuple[int, int]], geometry: tuple[int, int], start: int, end: int) -> None:
+    """Add the shuffle windows that positions ``[start, end)`` touch to a node's
+    ``claimed`` ranges (in place); ``geometry`` is :func:`windows`'s answer."""
+    S, W = geometry
+    base = (start // S) * S
+    for w in range((start - base) // W, (end - 1 - base) // W + 1):
+        ranges.insert(claimed, (base + w * W, min(base + (w + 1) * W, base + S)))
