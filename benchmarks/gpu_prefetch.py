@@ -4,23 +4,31 @@
 
 Measures, on the first CUDA device:
 
-1. host-to-device bandwidth of one large copy from pinned and from pageable
-   memory (the pinned peak), and of the copies ``DevicePrefetcher`` issues from
-   its pinned pool (timed with CUDA events on its side stream);
+1. host-to-device bandwidth of one large copy from pinned, from pageable and
+   from page-locked shared memory (``cudaHostRegister``, as ``TokenLoader``'s
+   batch slots are), the pinned one being the peak, and of the copies
+   ``DevicePrefetcher`` issues from its pinned pool (timed with CUDA events on
+   its side stream);
 2. the share of a synthetic training step spent waiting for data, without the
    prefetcher (``.to(device)`` of each loader batch, as most loops do) and with
    it, at 20 MB/s and 300 MB/s of input per GPU;
-3. that the batches training receives equal the loader's CPU batches bit for bit.
+3. that the batches training receives equal the loader's CPU batches bit for bit;
+4. for ``TokenLoader(device=...)``: whether its batches were copied straight
+   from its page-locked slots (``batches_direct``; ``bytes_staged``, the bytes
+   of host copies into staging buffers, must be 0) and the bandwidth of those
+   copies against the pinned peak.
 
 The step is a bf16 matrix-product loop sized to about 50 ms that reads every
 tensor of its batch, and ends with ``loss.item()`` as a logging loop does. Its
 data wait is the time above the same step run on a batch already on the GPU.
-Sources: a ``TokenLoader`` (4 workers) over a generated dataset for tokens at
-20 MB/s, and a synthetic source for the rest (see :class:`Synthetic`). Results
-go to docs/benchmarks.md (not with ``--quick``) and benchmarks/.work/gpu_prefetch/.
+Sources: ``TokenLoader(device=...)`` (4 workers) over a generated dataset for
+tokens at 20 MB/s, and a synthetic source through ``DevicePrefetcher`` for the
+rest (see :class:`Synthetic`). Results go to docs/benchmarks.md (not with
+``--quick``) and benchmarks/.work/gpu_prefetch/.
 
 Without CUDA it measures nothing and exits 0; ``--quick`` then runs the same
-code paths on the CPU (the staging path with host copies) as a smoke test.
+code paths on the CPU (lent slots and the staging path, with host copies) as a
+smoke test, and fails if the loader's batches were staged.
 
 On this project's H200 lease (its python3 has torch but not zstandard): carry a
 zstandard wheel for CPython 3.12 in ``.whl`` (see the device README) and run
@@ -48,6 +56,7 @@ import numpy as np
 import torch
 
 import stoker
+from stoker.pinned import register
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -223,18 +232,24 @@ def train(
     return {"step_ms": total / steps * 1e3, "host_wait_ms": waits / steps * 1e3}
 
 
+def prefetcher(source: Any) -> stoker.DevicePrefetcher:
+    """The device tier of ``source``: a DevicePrefetcher, or a TokenLoader's own."""
+    return source._prefetcher() if isinstance(source, stoker.TokenLoader) else source
+
+
 def scenario(
     name: str,
     make_source: Callable[[int], Any],
+    make_device: Callable[[int], Any],
     dev: torch.device,
     step: Step,
     steps: int,
     warmup: int,
     widen: dict[str, torch.dtype],
-    transfer: dict[str, torch.dtype] | None,
     reference: Callable[[int], list[Batch]],
 ) -> dict[str, Any]:
-    """Without the prefetcher, with it, and the bit-exact check, for one input source."""
+    """Without the prefetcher, with it (``make_device``: a DevicePrefetcher, or a
+    TokenLoader with ``device``), and the bit-exact check, for one input source."""
     m = 8
     ref = reference(m)
     out: dict[str, Any] = {"name": name, "host_bytes_per_batch": nbytes(ref[0])}
@@ -249,24 +264,24 @@ def scenario(
     it = iter(make_source(n))
     out["without"] = train(it, step, steps, warmup, plain)
     it.close()  # type: ignore[attr-defined]
-    pf = stoker.DevicePrefetcher(
-        make_source(n), dev, depth=2, widen=widen, transfer=transfer, time_copies=True
-    )
-    it = iter(pf)
+    source = make_device(n)
+    prefetcher(source).time_copies = dev.type == "cuda"  # read when the pass starts
+    it = iter(source)
     out["with"] = train(it, step, steps, warmup, None)
     it.close()  # type: ignore[attr-defined]
-    stats = pf.stats()
+    stats = prefetcher(source).stats()
     out["bus_bytes_per_batch"] = stats["bytes_transferred"] / max(1, stats["batches"])
     out["copy_gbps"] = stats.get("copy_gbps")
     out["stage_ms_per_batch"] = stats["stage_seconds"] / max(1, stats["batches"]) * 1e3
+    out["bytes_staged"] = stats["bytes_staged"]
+    out["batches_direct"] = stats["batches_direct"]
     for k in ("without", "with"):
         r = out[k]
         r["data_wait_share"] = max(0.0, r["step_ms"] - compute_ms) / r["step_ms"]
         r["host_wait_share"] = r["host_wait_ms"] / r["step_ms"]
     # bit-exact: the first batches, copied back, against the source's CPU batches
     got = []
-    pf = stoker.DevicePrefetcher(make_source(m), dev, depth=2, widen=widen, transfer=transfer)
-    it = iter(pf)
+    it = iter(make_device(m))
     for b in it:
         got.append({k: v.cpu() for k, v in b.items()})
         if len(got) == m:
@@ -307,6 +322,14 @@ def copy_bandwidth(dev: torch.device, size: int, reps: int) -> dict[str, Any]:
         "pageable": timed(lambda: dst.copy_(pageable, non_blocking=True)),
         "host_memcpy": timed(lambda: pinned.copy_(pageable)),
     }
+    if dev.type == "cuda":  # shared memory page-locked in place, as the loader's slots are
+        shared = torch.empty(size, dtype=torch.uint8).share_memory_().fill_(3)
+        undo = register([shared], dev)
+        try:
+            res["registered"] = timed(lambda: dst.copy_(shared, non_blocking=True))
+        finally:
+            torch.cuda.synchronize(dev)
+            undo()
     return {
         "bytes": size,
         **{f"{k}_best": max(v) for k, v in res.items()},
@@ -365,9 +388,9 @@ def run(dev: torch.device, quick: bool, work: Path) -> dict[str, Any]:
     need = (steps + warmup + 8) * b_tok * SEQ
     url = write_dataset(work, int(need * 1.1) + SEQ)
 
-    def token_loader(n: int) -> stoker.TokenLoader:
+    def token_loader(n: int, device: torch.device | None = None) -> stoker.TokenLoader:
         ds = stoker.TokenDataset(url, SEQ - 1, batch_size=b_tok, seed=1)
-        return stoker.TokenLoader(ds, 4 if cuda else 2)
+        return stoker.TokenLoader(ds, 4 if cuda else 2, device=device, device_depth=2)
 
     def loader_reference(m: int) -> list[Batch]:
         it = iter(token_loader(m))
@@ -378,9 +401,11 @@ def run(dev: torch.device, quick: bool, work: Path) -> dict[str, Any]:
     tok = {"tokens": torch.int64}
     narrow = {"tokens": torch.uint16}
     runs.append(
-        scenario(f"tokens, TokenLoader, {rate_lo / 1e6:.0f} MB/s", token_loader, dev, step,
-                 steps, warmup, tok, None, loader_reference)
+        scenario(f"tokens, TokenLoader(device=), {rate_lo / 1e6:.0f} MB/s", token_loader,
+                 lambda n: token_loader(n, dev), dev, step, steps, warmup, tok,
+                 loader_reference)
     )  # fmt: skip
+    runs[-1]["loader"] = True
     print(json.dumps(runs[-1]), flush=True)
     for kind, rate in (("tokens", rate_hi), ("images", rate_lo), ("images", rate_hi)):
         if kind == "tokens":
@@ -394,26 +419,46 @@ def run(dev: torch.device, quick: bool, work: Path) -> dict[str, Any]:
         def make(n: int, bank: list[Batch] = bank, cap: float = cap) -> Synthetic:
             return Synthetic(bank, n, cap)
 
+        def make_device(
+            n: int,
+            make: Callable[[int], Synthetic] = make,
+            widen: dict[str, torch.dtype] = widen,
+            transfer: dict[str, torch.dtype] = transfer,
+        ) -> stoker.DevicePrefetcher:
+            return stoker.DevicePrefetcher(make(n), dev, depth=2, widen=widen, transfer=transfer)
+
         def ref(m: int, bank: list[Batch] = bank) -> list[Batch]:
             return [bank[i % len(bank)] for i in range(m)]
 
         runs.append(
-            scenario(f"{kind}, synthetic, {rate / 1e6:.0f} MB/s", make, dev, step, steps,
-                     warmup, widen, transfer, ref)
+            scenario(f"{kind}, synthetic, {rate / 1e6:.0f} MB/s", make, make_device, dev, step,
+                     steps, warmup, widen, ref)
         )  # fmt: skip
         print(json.dumps(runs[-1]), flush=True)
     res["runs"] = runs
     return res
 
 
+def slots_direct(res: dict[str, Any]) -> bool:
+    """The loader's batches were copied straight from its page-locked slots: no byte of
+    them staged by a host memcpy."""
+    r = next(r for r in res["runs"] if r.get("loader"))
+    return bool(r["batches_direct"] > 0 and r["bytes_staged"] == 0)
+
+
 def verdict(res: dict[str, Any]) -> dict[str, Any]:
-    peak = res["bandwidth"]["pinned_best"]
+    bw = res["bandwidth"]
+    peak = bw["pinned_best"]
     ours = res["prefetcher_copies"]["copy_gbps"] or 0.0
     worst = max(r["with"]["data_wait_share"] for r in res["runs"])
+    loader = next(r for r in res["runs"] if r.get("loader"))
     return {
         "bit_exact": all(r["bit_exact"] for r in res["runs"]),
         "pinned_share": ours / peak if peak else 0.0,
         "pinned_met": ours >= TARGET_PINNED * peak,
+        "registered_share": bw.get("registered_best", 0.0) / peak if peak else 0.0,
+        "slots_direct": slots_direct(res),
+        "slot_copy_share": (loader["copy_gbps"] or 0.0) / peak if peak else 0.0,
         "worst_wait_with": worst,
         "wait_met": worst < TARGET_WAIT,
     }
@@ -421,6 +466,7 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
 
 def render(res: dict[str, Any]) -> str:
     bw, pc, v = res["bandwidth"], res["prefetcher_copies"], res["verdict"]
+    loader = next(r for r in res["runs"] if r.get("loader"))
     rows = [
         HEADING,
         "",
@@ -436,8 +482,19 @@ def render(res: dict[str, Any]) -> str:
         f"{bw['pinned_best']:.1f} | {bw['pinned_median']:.1f} |",
         f"| host to device from pageable memory | {bw['bytes'] >> 20} MiB | "
         f"{bw['pageable_best']:.1f} | {bw['pageable_median']:.1f} |",
+        f"| host to device from page-locked shared memory (cudaHostRegister, as the "
+        f"loader's slots) | {bw['bytes'] >> 20} MiB | "
+        f"{bw['registered_best']:.1f} | {bw['registered_median']:.1f} |",
         f"| host memcpy, pageable to pinned (the staging copy) | {bw['bytes'] >> 20} MiB | "
         f"{bw['host_memcpy_best']:.1f} | {bw['host_memcpy_median']:.1f} |",
+        "",
+        f"Page-locked shared memory copies at {v['registered_share']:.0%} of the pinned peak. "
+        f"`TokenLoader(device=...)`: {loader['batches_direct']} batches copied straight from "
+        f"its page-locked slots, {loader['bytes_staged']} bytes staged by host memcpy "
+        f"({'the registered-slot path was taken' if v['slots_direct'] else '**staged**'}); "
+        f"those copies ({loader['bus_bytes_per_batch'] / 1e6:.2f} MB a batch, timed on the "
+        f"side stream) ran at {loader['copy_gbps'] or 0.0:.1f} GB/s, "
+        f"{v['slot_copy_share']:.0%} of the peak.",
         "",
         f"DevicePrefetcher's copies from its pinned pool ({pc['bytes'] >> 20} MiB batches, timed "
         f"with CUDA events on its side stream): {pc['copy_gbps']:.1f} GB/s, "
@@ -450,7 +507,8 @@ def render(res: dict[str, Any]) -> str:
         f"of its batch and ends with `loss.item()`; {res['steps']} measured steps after a "
         "warm-up. Data wait share = (step time - that compute time) / step time; host wait = "
         "time inside `next()`. *Without*: `.to(device)` of each loader batch (pageable), "
-        "widened on the GPU; *with*: `DevicePrefetcher(depth=2)`. Tokens cross the bus as "
+        "widened on the GPU; *with*: `TokenLoader(device=..., device_depth=2)` for the loader, "
+        "`DevicePrefetcher(depth=2)` for the synthetic sources. Tokens cross the bus as "
         "uint16 with the prefetcher (vocabulary 50257) and are widened to int64 on the GPU; "
         "images cross as uint8 and are widened to float32 there.",
         "",
@@ -476,7 +534,8 @@ def render(res: dict[str, Any]) -> str:
         f"{'met' if v['wait_met'] else '**missed**'}.",
         "",
         "What the sources are, and what this does not show. Tokens at 20 MB/s come from a "
-        "`TokenLoader` with 4 worker processes over a dataset generated on the machine (random "
+        "`TokenLoader(device=...)` with 4 worker processes over a dataset generated on the "
+        "machine (random "
         "tokens, local disk, warm page cache); it produces far more than 20 MB/s, so it keeps "
         "up. The synthetic sources clone batches from a bank of pre-generated ones on a thread "
         f"(the loader's hand-out copy) and are capped at {HEADROOM}x the rate training "
@@ -503,6 +562,7 @@ def cpu_smoke(work: Path) -> dict[str, Any]:
     res["staged_bit_exact"] = all(
         torch.equal(g[k], bank[i % 2][k]) for i, g in enumerate(got) for k in g
     )
+    res["slots_direct"] = slots_direct(res)
     return res
 
 
@@ -515,7 +575,13 @@ def main() -> int:
         if args.quick:
             with tempfile.TemporaryDirectory(dir=WORK) as td:
                 res = cpu_smoke(Path(td))
-            ok = res["staged_bit_exact"] and all(r["bit_exact"] for r in res["runs"])
+            ok = (
+                res["staged_bit_exact"]
+                and res["slots_direct"]
+                and all(r["bit_exact"] for r in res["runs"])
+            )
+            loader = next(r for r in res["runs"] if r.get("loader"))
+            print(json.dumps({"slots": {k: loader[k] for k in ("batches_direct", "bytes_staged")}}))
             print(json.dumps({"cpu_smoke": "ok" if ok else "FAILED"}))
             if not ok:
                 return 1
@@ -539,7 +605,7 @@ def main() -> int:
     if not args.quick:
         replace_section(ROOT / "docs" / "benchmarks.md", HEADING, render(res))
     v = res["verdict"]
-    return 0 if v["bit_exact"] and v["pinned_met"] and v["wait_met"] else 1
+    return 0 if v["bit_exact"] and v["pinned_met"] and v["wait_met"] and v["slots_direct"] else 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@
         -- side CUDA stream --> GPU, narrow dtype -- widened on the side stream --> ready event
     training: next() --> its stream waits on the event --> the batch, already on the GPU
 
+    TokenLoader(device=..., num_workers>0): worker --> page-locked shared-memory slot,
+        tokens already narrow -- side CUDA stream --> GPU (no staging memcpy)
+        -- the slot goes back to its worker once the copy's event completed
+
 A thread, not a side stream driven from the training thread: pulling a batch
 from the loader and copying it into a pinned buffer are host work (a memcpy,
 for ``num_workers=0`` the whole decode), and on the training thread they would
@@ -14,10 +18,19 @@ overlap the step; the training thread only makes its stream wait on an event
 (a GPU-side wait, no host sync). CUDA streams and events may be used from any
 thread.
 
-Buffers: a pinned buffer returns to its :class:`PinnedPool` only once the
-event recorded after its copy has completed; device tensors are made on the
-side stream and ``record_stream``-ed onto the consumer's stream when handed
-out, so the caching allocator never reuses them under a running step.
+Host memory (:mod:`stoker.pinned`): a batch from any loader is copied into
+buffers of a :class:`~stoker.pinned.PinnedPool`, and a buffer returns to the
+pool only once the event recorded after its copy has completed. A
+:class:`~stoker.TokenLoader` that feeds its own device tier instead *lends*
+its shared-memory batch slots (:class:`~stoker.pinned.Lent` batches): the
+slots hold tokens in the transfer dtype and are page-locked, so the copies
+read them where the worker wrote them, and each :class:`~stoker.pinned.Loan`
+is settled with its copy's event; the loader gives the slot back to its
+worker once that event completed. A lent batch is staged like any other when
+its slots could not be page-locked or a tensor is not in its transfer dtype.
+Device tensors are made on the side stream and ``record_stream``-ed onto the
+consumer's stream when handed out, so the caching allocator never reuses
+them under a running step.
 
 Narrow payloads: a key can cross the bus in a narrower dtype than the loader
 gives (``tokens`` as uint16 when the dataset's vocabulary fits) and is widened
@@ -31,11 +44,15 @@ loader's state (before pulling ``k + 1``) and keeps it with batch ``k``;
 handed to training, so batches read ahead never count as consumed.
 ``TokenLoader.state_dict()`` costs about 15 us, once per batch. Fed by a
 coordinator its state is a Checkpoint call, so there the snapshot is only
-``(epoch, batches)`` and the call is made when a state is asked for.
+``(epoch, batches)`` and the call (``state_at``) is made when a state is
+asked for.
 
 Without CUDA (or with ``device="cpu"``) batches pass through as the loader
 gives them (``widen`` applied), still read ahead by the thread, so the
 ordering, resume and shutdown logic is the same code on a CPU machine.
+``stage=True`` runs the copy path there with host copies (``TokenLoader``'s
+``device=`` always does): lent slots, their loans and the staging pool are
+then the same code as on a GPU, less the page-locking.
 """
 
 from __future__ import annotations
@@ -46,126 +63,18 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from stoker.errors import ConfigError, StokerError
 from stoker.metrics import METRICS, LoaderStats
+from stoker.pinned import Event, Loan, PinnedPool
 
 Batch = dict[str, Any]
-Key = tuple[tuple[int, ...], torch.dtype]
 
 #: Seconds :meth:`DevicePrefetcher.close` waits for the thread to leave ``next(loader)``.
 JOIN_TIMEOUT = 60.0
-
-
-class Event(Protocol):
-    """What the pool needs of a CUDA event: whether it completed, and a wait for it."""
-
-    def query(self) -> bool: ...
-
-    def synchronize(self) -> None: ...
-
-
-class PinnedPool:
-    """Reusable host staging buffers keyed by (shape, dtype), at most ``capacity`` of them.
-
-    A buffer is *free*, *held* (returned by :meth:`acquire`, being filled) or
-    *busy* (given back by :meth:`release` with an event: a copy from it runs
-    until the event completes). :meth:`acquire` hands out only free buffers
-    (or new ones, while there are fewer than ``capacity``), so a buffer is
-    never handed out while in use. Buffers are pinned when ``pin`` (default:
-    when CUDA is available); ``alloc`` replaces the allocation (tests).
-    """
-
-    def __init__(
-        self,
-        capacity: int,
-        *,
-        pin: bool | None = None,
-        alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
-    ) -> None:
-        if capacity < 1:
-            raise ConfigError(f"capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        pinned = torch.cuda.is_available() if pin is None else pin
-        self._alloc = alloc or (lambda s, d: torch.empty(s, dtype=d, pin_memory=pinned))
-        self._free: dict[Key, list[torch.Tensor]] = {}
-        self._held: dict[int, tuple[Key, torch.Tensor]] = {}  # id(buffer) -> (key, buffer)
-        self._busy: deque[tuple[Key, torch.Tensor, Event]] = deque()  # in release order
-        self.allocations = 0
-        self.acquisitions = 0
-
-    @property
-    def free(self) -> int:
-        return sum(len(v) for v in self._free.values())
-
-    @property
-    def held(self) -> int:
-        return len(self._held)
-
-    @property
-    def busy(self) -> int:
-        return len(self._busy)
-
-    def __len__(self) -> int:
-        return self.free + self.held + self.busy
-
-    def acquire(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor | None:
-        """A buffer nobody uses, or None when all ``capacity`` are held or busy
-        (:meth:`wait` for one, then ask again)."""
-        self.reap()
-        key = (tuple(int(n) for n in shape), dtype)
-        free = self._free.get(key)
-        if free:
-            buf = free.pop()
-        else:
-            if len(self) >= self.capacity:
-                other = next((k for k, v in self._free.items() if v), None)
-                if other is None:
-                    return None
-                self._free[other].pop()  # a free buffer of another shape makes room
-            buf = self._alloc(key[0], dtype)
-            self.allocations += 1
-        self._held[id(buf)] = (key, buf)
-        self.acquisitions += 1
-        return buf
-
-    def release(self, buf: torch.Tensor, event: Event | None = None) -> None:
-        """Give ``buf`` back: free now, or once ``event`` completed."""
-        entry = self._held.get(id(buf))
-        if entry is None or entry[1] is not buf:
-            raise StokerError("released a buffer this pool did not hand out (or twice)")
-        del self._held[id(buf)]
-        if event is None:
-            self._free.setdefault(entry[0], []).append(buf)
-        else:
-            self._busy.append((entry[0], buf, event))
-
-    def reap(self) -> int:
-        """Free the busy buffers whose event completed; how many."""
-        done = [e for e in self._busy if e[2].query()]
-        if done:
-            self._busy = deque(e for e in self._busy if not any(e is d for d in done))
-        for key, buf, _ in done:
-            self._free.setdefault(key, []).append(buf)
-        return len(done)
-
-    def wait(self) -> bool:
-        """Wait for the oldest busy buffer's event and free what completed; False if none is busy."""
-        if not self._busy:
-            return False
-        self._busy[0][2].synchronize()
-        self.reap()
-        return True
-
-    def close(self) -> None:
-        """Wait for every copy in flight and drop all buffers (held ones stay the holder's)."""
-        while self.wait():
-            pass
-        self._free.clear()
-        self._held.clear()
 
 
 def narrow_dtype(vocab_size: int) -> torch.dtype | None:
@@ -241,8 +150,16 @@ class _Cuda:
                 v.record_stream(current)
 
 
+def _loan(batch: Batch) -> Loan | None:
+    """The slot loan of a batch lent by its loader (:class:`~stoker.pinned.Lent`), if any."""
+    loan = getattr(batch, "loan", None)
+    return loan if isinstance(loan, Loan) else None
+
+
 class _Stager:
-    """Moves a batch through pinned buffers to the device (runs on the prefetch thread)."""
+    """Moves a batch to the device (runs on the prefetch thread): straight from a lent,
+    page-locked slot when the batch is one whose tensors are already in their transfer
+    dtype, else through pinned staging buffers."""
 
     def __init__(
         self,
@@ -259,7 +176,9 @@ class _Stager:
         self.timed = timed
         self.pool: PinnedPool | None = None
         self.stage_seconds = 0.0  # host copies into the staging buffers
+        self.staged_bytes = 0  # bytes of those host copies
         self.bytes = 0  # bytes that crossed the bus
+        self.direct = 0  # batches copied straight from their loader's slots
         self.copies: list[tuple[Event, Event, int]] = []  # timed: (start, copied, bytes)
 
     def _buffer(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -274,8 +193,8 @@ class _Stager:
                     "this is a stoker bug"
                 )
 
-    def move(self, batch: Batch) -> tuple[Batch, Event]:
-        """Stage, copy and widen ``batch``; the event orders a consumer after all of it."""
+    def _stage(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Each tensor copied into a pinned buffer, narrowed to its transfer dtype."""
         if self.pool is None:  # sized by the first batch: depth + 1 batches in flight
             n = sum(isinstance(v, torch.Tensor) for v in batch.values())
             self.pool = PinnedPool((self.depth + 1) * max(1, n), pin=self.dev.pin)
@@ -285,28 +204,66 @@ class _Stager:
             if isinstance(v, torch.Tensor):
                 staged[k] = buf = self._buffer(v.shape, self.transfer.get(k, v.dtype))
                 buf.copy_(v)  # narrowed here when the transfer dtype is narrower
+                self.staged_bytes += buf.numel() * buf.element_size()
         self.stage_seconds += time.perf_counter() - t
+        return staged
+
+    def _direct(self, batch: Batch, loan: Loan | None) -> bool:
+        """Whether the copies may read ``batch``'s tensors where they are: its lent slot
+        is page-locked (or nothing needs it to be: no CUDA) and holds every tensor in
+        its transfer dtype."""
+        if loan is None or not loan.direct:
+            return False
+        return all(
+            v.dtype == self.transfer.get(k, v.dtype) and v.is_contiguous()
+            for k, v in batch.items()
+            if isinstance(v, torch.Tensor)
+        )
+
+    def move(self, batch: Batch) -> tuple[Batch, Event]:
+        """Copy (staging first if needed) and widen ``batch``; the event orders a consumer
+        after all of it. A lent slot is settled with the event of its copies."""
+        loan = _loan(batch)
+        direct = self._direct(batch, loan)
+        if direct:
+            source = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            self.direct += 1
+        else:
+            source = self._stage(batch)
+            if loan is not None:
+                loan.settle()  # copied out on the host: the slot may go back now
         out: Batch = {}
         with self.dev.side():
             start = self.dev.record(True) if self.timed else None
-            # the copies back to back; copy=True: on the host .to() would return the buffer
-            moved = {
-                k: buf.to(self.dev.device, non_blocking=True, copy=True)
-                for k, buf in staged.items()
-            }
-            copied = self.dev.record(self.timed)  # the staging buffers are free after this
+            try:
+                # the copies back to back; copy=True: on the host .to() would return the source
+                moved = {
+                    k: src.to(self.dev.device, non_blocking=True, copy=True)
+                    for k, src in source.items()
+                }
+            except BaseException:  # e.g. out of memory after some copies were issued
+                if direct and loan is not None:
+                    with contextlib.suppress(Exception):
+                        loan.settle(self.dev.record(False))  # back after what was issued
+                raise
+            copied = self.dev.record(self.timed)  # the sources may be reused after this
             widened = False
             for k, v in batch.items():
-                if k not in staged:
+                if k not in source:
                     out[k] = v
                     continue
                 wide = self.widen.get(k, v.dtype)
                 out[k] = moved[k] if moved[k].dtype == wide else moved[k].to(wide)
                 widened = widened or out[k] is not moved[k]
             ready = self.dev.record(False) if widened else copied
-        for buf in staged.values():
-            self.pool.release(buf, copied)
-        nbytes = sum(buf.numel() * buf.element_size() for buf in staged.values())
+        if direct:
+            assert loan is not None
+            loan.settle(copied)
+        else:
+            assert self.pool is not None
+            for buf in source.values():
+                self.pool.release(buf, copied)
+        nbytes = sum(src.numel() * src.element_size() for src in source.values())
         self.bytes += nbytes
         if start is not None:
             self.copies.append((start, copied, nbytes))
@@ -327,19 +284,25 @@ class _Pass:
         self.widen, self.views = widen, views
         self.bytes = 0
         self.stage_seconds = 0.0
+        self.staged_bytes = 0
+        self.direct = 0
         self.copies: list[tuple[Event, Event, int]] = []
         self.pool: PinnedPool | None = None
 
     def move(self, batch: Batch) -> tuple[Batch, Event]:
+        loan = _loan(batch)
+        views = self.views or loan is not None
         out: Batch = {}
         for k, v in batch.items():
             if isinstance(v, torch.Tensor):
                 wide = self.widen.get(k, v.dtype)
                 if v.dtype != wide:
                     v = v.to(wide)
-                elif self.views:  # zero_copy: valid only until the next batch is asked for
+                elif views:  # zero_copy or a lent slot: valid only for a while
                     v = v.clone()
             out[k] = v
+        if loan is not None:
+            loan.settle()
         return out, _Done()
 
     def hand_over(self, batch: Batch, event: Event) -> None:
@@ -357,7 +320,9 @@ def _snapshotter(loader: Any) -> Callable[[], Snapshot] | None:
     """How to capture the loader's state cheaply after each batch it hands out."""
     if not callable(getattr(loader, "state_dict", None)):
         return None
-    if getattr(loader, "coordinator", None) is not None and hasattr(loader, "last_epoch"):
+    if getattr(loader, "coordinator", None) is not None and callable(
+        getattr(loader, "state_at", None)
+    ):
         return lambda: _coordinator_snapshot(loader)
 
     def eager() -> Snapshot:
@@ -369,26 +334,13 @@ def _snapshotter(loader: Any) -> Callable[[], Snapshot] | None:
 
 def _coordinator_snapshot(loader: Any) -> Snapshot:
     """A coordinator-fed TokenLoader's state is a Checkpoint call at the rank's batch count:
-    keep the count, make the call when a state is asked for."""
-    from stoker.loader.fast import _DYNAMIC
-
-    ep = loader.last_epoch
+    keep the count, make the call (``state_at``) when a state is asked for."""
+    ep = getattr(loader, "last_epoch", None)
     if ep is None or ep.epoch is None:
         state = loader.state_dict()  # nothing handed out yet: no call made
         return lambda: dict(state)
     epoch, batches = int(ep.epoch), int(ep.batches)
-
-    def make() -> dict[str, Any]:
-        name, snapshot = loader._coordinator().checkpoint(epoch, batches)
-        return {
-            **_DYNAMIC,
-            "epoch": epoch,
-            "batches": batches,
-            "checkpoint": name,
-            "snapshot": snapshot,
-        }
-
-    return make
+    return lambda: loader.state_at(epoch, batches)  # type: ignore[no-any-return]
 
 
 class _Run:
@@ -513,8 +465,14 @@ class DevicePrefetcher:
 
     Without CUDA, or with ``device="cpu"``, batches pass through unchanged
     (apart from ``widen``), read ahead by the same thread. ``stage=True``
-    forces the pinned-pool path there too, with host copies standing in for
-    the transfers (tests, benchmarks).
+    forces the copy path there too, with host copies standing in for the
+    transfers (tests, benchmarks, ``TokenLoader(device=...)``).
+
+    Batches a loader lends (:class:`~stoker.pinned.Lent`, from
+    ``TokenLoader(device=...)``) are copied straight from the loader's
+    page-locked slots when their tensors are in their transfer dtype, and each
+    slot's loan is settled with its copy's event; other batches are staged
+    through a :class:`~stoker.pinned.PinnedPool`.
 
     ``next()`` waits for a batch as long as the loader lets it (a
     :class:`~stoker.TokenLoader` raises after its ``timeout``); a loader's
@@ -660,12 +618,17 @@ class DevicePrefetcher:
     def stats(self) -> dict[str, Any]:
         """Wait and step as training sees them (``wait_seconds``, ``step_seconds``,
         ``stall_share``, batches, tokens), plus ``bytes_transferred`` (as they crossed
-        the bus), ``stage_seconds`` (host copies into pinned buffers) and, with
-        ``time_copies``, ``copy_seconds`` and ``copy_gbps`` of the device copies."""
+        the bus), ``bytes_staged`` and ``stage_seconds`` (host copies into pinned
+        buffers), ``batches_direct`` (copied straight from the loader's page-locked
+        slots, no host copy) and, with ``time_copies``, ``copy_seconds`` and
+        ``copy_gbps`` of the device copies. The copy figures count what the prefetch
+        thread moved, batches read ahead included."""
         out = self._stats.summary()
         del out["rank"], out["ready_batches"], out["worker_busy_share"]
         out["bytes_transferred"] = sum(m.bytes for m in self._movers)
+        out["bytes_staged"] = sum(m.staged_bytes for m in self._movers)
         out["stage_seconds"] = sum(m.stage_seconds for m in self._movers)
+        out["batches_direct"] = sum(m.direct for m in self._movers)
         if self.time_copies:
             seconds, nbytes = 0.0, 0
             for m in self._movers:

@@ -1,8 +1,10 @@
 """stoker.DevicePrefetcher on a CPU machine: order, exact resume with batches in flight,
-shutdown, and the pinned pool's bookkeeping (a Hypothesis state machine).
+shutdown, and TokenLoader(device=...)'s lent batch slots (copied from directly, given
+back to their worker only after the copy's event completed).
 
-``stage=True`` runs the staging path of a GPU (pool, narrow transfer, widening)
-with host copies standing in for the transfers; without it batches pass through.
+``stage=True`` runs the copy path of a GPU (pool, narrow transfer, widening) with host
+copies standing in for the transfers; without it batches pass through. The pool's and
+the loans' bookkeeping have their own tests (test_pinned.py).
 """
 
 from __future__ import annotations
@@ -10,20 +12,21 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import stoker
-from stoker.device import PinnedPool, narrow_dtype
-from stoker.errors import StokerError
+from stoker import device as device_tier
+from stoker.device import narrow_dtype
+from stoker.errors import StateError, StokerError
+from stoker.loader import fast
+from stoker.pinned import Event, Loan, Loans
 
 from ._datasets import SmallDataset
+from .test_pinned import FakeEvent
 
 SEQ = 16
 B = 4
@@ -264,12 +267,13 @@ class CoordinatorLike:
         self.calls.append((epoch, batches))
         return f"ckpt-{batches}", {"batches": batches}
 
+    def state_at(self, epoch: int, batches: int) -> dict[str, Any]:
+        name, snap = self.checkpoint(epoch, batches)
+        return {"epoch": epoch, "batches": batches, "checkpoint": name, "snapshot": snap}
+
     def state_dict(self) -> dict[str, Any]:
         ep = self.last_epoch
-        if ep is None:
-            return {"epoch": None}
-        name, snap = self.checkpoint(ep.epoch, ep.batches)
-        return {"epoch": ep.epoch, "batches": ep.batches, "checkpoint": name, "snapshot": snap}
+        return {"epoch": None} if ep is None else self.state_at(ep.epoch, ep.batches)
 
 
 def test_coordinator_state_is_asked_for_only_when_saved() -> None:
@@ -285,6 +289,11 @@ def test_coordinator_state_is_asked_for_only_when_saved() -> None:
     assert ld.last_epoch.batches == 13  # three batches in flight
     assert [int(b["sample_id"]) for b in got] == list(range(10))
     it.close()
+
+
+def test_state_at_is_for_a_loader_fed_by_a_coordinator(data: SmallDataset) -> None:
+    with pytest.raises(StateError, match="coordinator"):
+        loader(data).state_at(0, 3)
 
 
 # -- shutdown --------------------------------------------------------------------------
@@ -352,112 +361,6 @@ def test_depth_must_be_positive(data: SmallDataset) -> None:
         stoker.DevicePrefetcher(loader(data), depth=0)
 
 
-# -- the pinned pool ---------------------------------------------------------------------
-
-
-class FakeEvent:
-    """A copy in flight: complete when the test says, or when waited for."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
-
-
-SHAPES = [((2, 3), torch.uint16), ((2, 3), torch.int64), ((4,), torch.bool)]
-
-
-class PoolMachine(RuleBasedStateMachine):
-    """Acquire, release (now or with an event), complete events, wait, in any order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.capacity = 4
-        self.pool = PinnedPool(self.capacity, pin=False)
-        self.held: list[torch.Tensor] = []  # handed out, not released
-        self.busy: list[tuple[torch.Tensor, FakeEvent]] = []  # released with an event
-        self.events: list[FakeEvent] = []
-
-    def in_use(self) -> list[torch.Tensor]:
-        return self.held + [b for b, e in self.busy if not e.done]
-
-    @rule(which=st.integers(0, len(SHAPES) - 1))
-    def acquire(self, which: int) -> None:
-        shape, dtype = SHAPES[which]
-        can = len(self.in_use()) < self.capacity  # room, a free buffer, or a finished copy
-        buf = self.pool.acquire(shape, dtype)
-        if buf is None:
-            assert not can, "refused although a buffer was free or there was room"
-            return
-        assert all(buf is not b for b in self.in_use()), "handed out a buffer still in use"
-        assert tuple(buf.shape) == shape and buf.dtype == dtype
-        self.busy = [(b, e) for b, e in self.busy if b is not buf]
-        self.held.append(buf)
-
-    @precondition(lambda self: self.held)
-    @rule(i=st.integers(0, 100), with_event=st.booleans())
-    def release(self, i: int, with_event: bool) -> None:
-        buf = self.held.pop(i % len(self.held))
-        if with_event:
-            ev = FakeEvent()
-            self.events.append(ev)
-            self.busy.append((buf, ev))
-            self.pool.release(buf, ev)
-        else:
-            self.pool.release(buf)
-
-    @precondition(lambda self: any(not e.done for e in self.events))
-    @rule(i=st.integers(0, 100))
-    def complete(self, i: int) -> None:
-        pending = [e for e in self.events if not e.done]
-        pending[i % len(pending)].done = True
-
-    @rule()
-    def wait(self) -> None:
-        had = bool(self.pool.busy)
-        assert self.pool.wait() == had
-
-    @precondition(lambda self: self.held)
-    @rule()
-    def release_twice_is_refused(self) -> None:
-        buf = self.held.pop()
-        self.pool.release(buf)
-        try:
-            self.pool.release(buf)
-        except StokerError:
-            return
-        raise AssertionError("a second release was accepted")
-
-    @invariant()
-    def bounded(self) -> None:
-        assert len(self.pool) <= self.capacity
-        assert self.pool.held == len(self.held)
-        assert self.pool.busy <= len(self.busy)
-        assert self.pool.busy >= sum(not e.done for _, e in self.busy)
-
-
-PoolMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
-test_pinned_pool_bookkeeping = PoolMachine.TestCase
-
-
-def test_pool_reuses_buffers_and_makes_room_for_a_new_shape() -> None:
-    pool = PinnedPool(2, pin=False)
-    a = pool.acquire((3,), torch.int64)
-    assert a is not None
-    pool.release(a)
-    assert pool.acquire((3,), torch.int64) is a  # reused, not reallocated
-    b = pool.acquire((5,), torch.int64)
-    assert b is not None and pool.acquire((7,), torch.int64) is None  # both held
-    pool.release(b)
-    c = pool.acquire((7,), torch.int64)  # the free (5,) buffer gives way
-    assert c is not None and tuple(c.shape) == (7,)
-    assert (pool.allocations, len(pool)) == (3, 2)
-
-
 def test_staging_allocates_once_and_reuses(data: SmallDataset) -> None:
     p = stoker.DevicePrefetcher(loader(data), depth=2, stage=True)
     n = len(list(p))
@@ -509,3 +412,233 @@ def test_the_loaders_device_option_reads_ahead_and_resumes_exactly(
     rest = passes(again, 20)
     assert ids(head) + ids(rest) == plain
     assert not prefetch_threads()
+
+
+# -- TokenLoader(device=...): lent batch slots -------------------------------------------
+
+
+def lent_view(ld: stoker.TokenLoader) -> Any:
+    """The device tier's view of ``ld`` (its ``loans``, ``register``)."""
+    view = ld._prefetcher().loader
+    assert isinstance(view, fast._HostView)
+    return view
+
+
+class LateEvent(FakeEvent):
+    """A copy that completes on its ``after``-th query, or only when waited for (None)."""
+
+    def __init__(self, after: int | None) -> None:
+        super().__init__()
+        self.left = after
+
+    def query(self) -> bool:
+        if self.left is not None:
+            self.left -= 1
+            self.done = self.done or self.left <= 0
+        return self.done
+
+
+class CheckedLoans(Loans):
+    """Loans that fail the pass if a slot goes back before its copy's event completed."""
+
+    made: ClassVar[list[CheckedLoans]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: dict[int, Event | None] = {}
+        CheckedLoans.made.append(self)
+
+    def lend(self, owner: int, give_back: Callable[[], None], direct: bool = True) -> Loan:
+        lent: list[Loan] = []
+
+        def checked() -> None:
+            ev = self.events.get(id(lent[0]), "unsettled")
+            assert isinstance(ev, FakeEvent) and ev.done, f"slot back while its copy ran: {ev}"
+            give_back()
+
+        lent.append(super().lend(owner, checked, direct))
+        return lent[0]
+
+    def _settle(self, loan: Loan, event: Event | None) -> None:
+        self.events[id(loan)] = event
+        super()._settle(loan, event)
+
+
+@pytest.fixture
+def late_copies(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> list[CheckedLoans]:
+    """Host copies whose events complete late (the 3rd query, or, with the parameter
+    None, only when waited for), and loans that check every slot comes back only after
+    its copy's event completed."""
+    after = getattr(request, "param", 3)
+    monkeypatch.setattr(device_tier._Host, "record", lambda self, timed: LateEvent(after))
+    monkeypatch.setattr(fast, "Loans", CheckedLoans)
+    CheckedLoans.made = []
+    return CheckedLoans.made
+
+
+def assert_slots_back(loans: Loans | None) -> None:
+    assert loans is not None and loans.closed
+    assert loans.out() == 0 and loans.lent == loans.returned > 0
+
+
+@pytest.mark.parametrize("late_copies", [3, None], indirect=True)
+def test_a_slot_goes_back_only_after_its_copy_completed(
+    data: SmallDataset, reference: list[dict[str, Any]], late_copies: list[CheckedLoans]
+) -> None:
+    # two slots per worker: the loader must wait for copies to get slots back (with
+    # copies that never report done, it waits for them; timeout: fail, not hang, if not)
+    ld = loader(data, 2, device="cpu", device_depth=3, prefetch=2, timeout=20.0)
+    got = list(ld)
+    assert ids(got) == ids(reference[: len(got)])
+    assert len(late_copies) == 1
+    loans = late_copies[0]
+    assert_slots_back(loans)
+    assert all(isinstance(e, LateEvent) for e in loans.events.values())  # settled by copies
+    assert loans.lent == len(got)
+
+
+@pytest.mark.parametrize("stage", [True, False])
+def test_lent_slots_give_the_int64_paths_batches_bit_for_bit(
+    data: SmallDataset, reference: list[dict[str, Any]], stage: bool
+) -> None:
+    ld = loader(data, 2, device="cpu")
+    view = lent_view(ld)
+    assert view.slot_dtype() == torch.uint16  # vocab 1000: the workers write uint16
+    if not stage:  # the pass-through mover copies lent slots out, too
+        ld._device = stoker.DevicePrefetcher(view, "cpu", depth=2, stage=False)
+    got = list(ld) + list(ld)
+    int64_slots = loader(data, 2)
+    for want in (reference, list(int64_slots) + list(int64_slots)):
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys()
+            for k in b:
+                assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert_slots_back(view.loans)
+
+
+def test_the_staging_memcpy_is_skipped_for_lent_slots(data: SmallDataset) -> None:
+    ld = loader(data, 2, device="cpu")
+    batches = list(ld)
+    toks = sum(b["tokens"].numel() for b in batches)
+    rows = sum(len(b["sample_id"]) for b in batches)
+    s = ld._prefetcher().stats()
+    assert s["batches_direct"] == len(batches)
+    assert s["bytes_staged"] == 0 and s["stage_seconds"] == 0
+    # uint16 tokens, bool masks, int64 ids crossed, straight from the slots
+    assert s["bytes_transferred"] == 2 * toks + toks + 8 * rows
+    # the same loader without lending stages every byte it sends
+    p = stoker.DevicePrefetcher(loader(data, 2), "cpu", stage=True)
+    assert len(list(p)) == len(batches)
+    assert p.stats()["bytes_staged"] == p.stats()["bytes_transferred"] == s["bytes_transferred"]
+    assert p.stats()["batches_direct"] == 0
+
+
+def test_slots_that_cannot_be_page_locked_are_staged_with_one_warning(
+    data: SmallDataset, reference: list[dict[str, Any]]
+) -> None:
+    ld = loader(data, 2, device="cpu")
+    view = lent_view(ld)
+
+    def refuse(tensors: list[torch.Tensor]) -> Callable[[], None]:
+        raise StokerError("cudaHostRegister refused the batch slots (cudaError 1)")
+
+    view.register = refuse
+    with pytest.warns(RuntimeWarning, match="cudaError 1") as caught:
+        got = list(ld) + list(ld)
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    assert ids(got) == ids(reference)
+    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(got, reference))
+    s = ld._prefetcher().stats()
+    assert s["batches_direct"] == 0 and s["bytes_staged"] == s["bytes_transferred"] > 0
+    assert_slots_back(view.loans)
+
+
+@pytest.mark.parametrize("how", ["break", "error"])
+def test_shutdown_mid_epoch_returns_every_slot(
+    data: SmallDataset, how: str, late_copies: list[CheckedLoans]
+) -> None:
+    ld = loader(data, 2, device="cpu", device_depth=3, prefetch=2)
+    view = lent_view(ld)
+    undone: list[tuple[int, int]] = []  # at unregistering: loans out, live workers
+    view.register = lambda tensors: (
+        lambda: undone.append((view.loans.out(), len(mp.active_children())))
+    )
+
+    def train() -> None:
+        for i, _ in enumerate(ld):
+            if i == 5:
+                assert ld._device is not None and ld._device._run is not None
+                assert ld._device._run.wait_ready(3, READY_TIMEOUT)
+                if how == "error":
+                    raise KeyError("step failed")
+                break
+
+    if how == "error":
+        with pytest.raises(KeyError):
+            train()
+    else:
+        train()
+    assert ld._device is not None
+    assert_nothing_left(ld._device)
+    assert_slots_back(view.loans)
+    assert late_copies[0] is view.loans
+    assert undone == [(0, 0)]  # unregistered after every slot came back and the workers left
+    assert ld.state_dict()["consumed"] == 6 * B
+
+
+def test_resume_with_lent_slots_in_flight(
+    data: SmallDataset, reference: list[dict[str, Any]], late_copies: list[CheckedLoans]
+) -> None:
+    ld = loader(data, 2, device="cpu", device_depth=3, prefetch=2)
+    it = iter(ld)
+    head = [next(it) for _ in range(10)]
+    assert ld._device is not None and ld._device._run is not None
+    assert ld._device._run.wait_ready(3, READY_TIMEOUT)
+    state = ld.state_dict()
+    assert state["consumed"] == 10 * B
+    it.close()
+    assert_slots_back(late_copies[0])
+    again = loader(data, 2, device="cpu", device_depth=3, prefetch=2)
+    again.load_state_dict(state)
+    rest = passes(again, len(reference) - 10)
+    got = head + rest
+    assert ids(got) == ids(reference)
+    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(got, reference))
+    assert all(loans.closed and loans.out() == 0 for loans in late_copies)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_batches_come_straight_from_page_locked_slots(
+    data: SmallDataset, reference: list[dict[str, Any]]
+) -> None:
+    ld = loader(data, 2, device="cuda")
+    got = [{k: v.cpu() for k, v in b.items()} for b in ld]
+    s = ld._prefetcher().stats()
+    assert s["batches_direct"] == len(got) and s["bytes_staged"] == 0
+    for a, b in zip(got, reference):
+        assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in b)
+    assert_slots_back(lent_view(ld).loans)
+
+
+def test_a_copy_that_fails_settles_its_slot_after_what_was_issued(
+    data: SmallDataset, late_copies: list[CheckedLoans]
+) -> None:
+    ld = loader(data, 2, device="cpu", device_depth=2, prefetch=2)
+    it = iter(ld)
+    next(it)
+    assert ld._device is not None and ld._device._movers
+    mover = ld._device._movers[0]
+    assert isinstance(mover, device_tier._Stager)
+    mover.dev.device = torch.device("cuda", 999)  # the next copies fail (no such device)
+    with pytest.raises((AssertionError, RuntimeError)):
+        for _ in range(20):
+            next(it)
+    loans = late_copies[0]
+    assert_slots_back(loans)
+    assert len(loans.events) == loans.lent  # the failed batch's slot was settled too
+    assert all(isinstance(e, LateEvent) for e in loans.events.values())
+    assert_nothing_left(ld._device)

@@ -10,6 +10,13 @@ the slot number; the main process copies the batch out (or, with
 ``zero_copy=True``, hands out views that stay valid until the next batch is
 requested) and returns the slot.
 
+With ``device=...`` the loader feeds its own device tier and *lends* the slots
+instead (:mod:`stoker.pinned`): they hold tokens in the dtype they cross the
+bus in (uint16 for a GPT-2-sized vocabulary, as the decoded blocks already
+are), the main process page-locks them once the workers are forked, the device
+tier copies each batch straight from its slot, and the slot goes back to its
+worker once that copy's event completed.
+
 Batches come out in the rank's sample order, the same order as
 ``DataLoader(TokenDataset(..., batch_size=B), batch_size=B)`` for any number
 of workers, and the loader counts what the caller consumed, so
@@ -20,13 +27,15 @@ size or number of workers).
 from __future__ import annotations
 
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import signal
 import time
 import traceback
+import warnings
 import weakref
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +48,7 @@ from stoker.loader import state as st
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.distributed import Placement
 from stoker.metrics import METRICS, WorkerMeter, apply_worker, serve_once
+from stoker.pinned import Lent, Loans, register
 
 if TYPE_CHECKING:
     from stoker.coordinator.client import CoordinatorClient
@@ -48,6 +58,7 @@ if TYPE_CHECKING:
     from stoker.loader.dynamic import DynamicEpoch
 
 _DYNAMIC = {"stoker_state": st.STATE_VERSION, "mode": "coordinator"}
+Register = Callable[[list[torch.Tensor]], Callable[[], None]]
 
 
 class WorkerError(StokerError, RuntimeError):
@@ -55,14 +66,20 @@ class WorkerError(StokerError, RuntimeError):
 
 
 class _Slots:
-    """``depth`` batch buffers in shared memory."""
+    """``depth`` batch buffers in shared memory; tokens as ``dtype`` (int64 unless they are
+    lent to a device tier, which copies them in its transfer dtype)."""
 
-    def __init__(self, depth: int, batch: int, width: int, masks: bool) -> None:
-        self.tokens = torch.zeros((depth, batch, width), dtype=torch.int64).share_memory_()
+    def __init__(
+        self, depth: int, batch: int, width: int, masks: bool, dtype: torch.dtype = torch.int64
+    ) -> None:
+        self.tokens = torch.zeros((depth, batch, width), dtype=dtype).share_memory_()
         self.ids = torch.zeros((depth, batch), dtype=torch.int64).share_memory_()
         self.masks = (
             torch.zeros((depth, batch, width), dtype=torch.bool).share_memory_() if masks else None
         )
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.tokens, self.ids, self.masks) if t is not None]
 
 
 def _fill(reader: Any, ids: np.ndarray, slots: _Slots, slot: int) -> None:
@@ -159,7 +176,9 @@ class TokenLoader:
     ``device`` (e.g. ``"cuda"``) puts each batch on that device before the
     training step asks, ``device_depth`` batches ahead, through
     :class:`~stoker.DevicePrefetcher`; the state still counts what training
-    took.
+    took. With workers the batches are copied to the device straight from
+    their page-locked shared-memory slots, tokens narrow (no host copy; see
+    :mod:`stoker.device`).
 
     ``metrics_port`` serves this process's metrics at ``/metrics`` on that port
     plus the local rank (off by default); :meth:`stats` gives the same stall
@@ -245,11 +264,18 @@ class TokenLoader:
         ep = self.last_epoch
         if ep is None or ep.epoch is None:
             return dict(self._restore) if self._restore else {**_DYNAMIC, "epoch": None}
-        name, snapshot = self._coordinator().checkpoint(ep.epoch, ep.batches)
+        return self.state_at(ep.epoch, ep.batches)
+
+    def state_at(self, epoch: int, batches: int) -> dict[str, Any]:
+        """Fed by a coordinator: the state after this rank's first ``batches`` batches of
+        ``epoch`` (a Checkpoint call of what every rank had handed out by then)."""
+        if self.coordinator is None:
+            raise StateError("state_at() is for a loader fed by a coordinator; use state_dict()")
+        name, snapshot = self._coordinator().checkpoint(epoch, batches)
         return {
             **_DYNAMIC,
-            "epoch": ep.epoch,
-            "batches": ep.batches,
+            "epoch": epoch,
+            "batches": batches,
             "checkpoint": name,
             "snapshot": snapshot,
         }
@@ -342,21 +368,30 @@ class TokenLoader:
         """Each batch (on ``device``, if given), in order."""
         if self.device is None:
             return self._host_iter()
+        return iter(self._prefetcher())
+
+    def _prefetcher(self) -> DevicePrefetcher:
+        """The device tier over this loader's lent slots (made on first use)."""
         if self._device is None:
             from stoker.device import DevicePrefetcher
 
-            self._device = DevicePrefetcher(_HostView(self), self.device, self.device_depth)
-        return iter(self._device)
+            view = _HostView(self)
+            # stage=True: the copy path (lent slots, loans) also runs without CUDA
+            self._device = DevicePrefetcher(view, self.device, self.device_depth, stage=True)
+            if self._device.device.type == "cuda":
+                view.register = functools.partial(register, device=self._device.device)
+        return self._device
 
-    def _host_iter(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _host_iter(self, lend: _HostView | None = None) -> Iterator[dict[str, torch.Tensor]]:
         """Each host batch, timed: the wait inside ``next()`` is the data stall, the time
-        until the next ``next()`` the training step (see :meth:`stats`)."""
+        until the next ``next()`` the training step (see :meth:`stats`). With ``lend``
+        (the device tier's view) batches from workers are lent slots."""
         pl = self.dataset._placement()
         if self.metrics_port is not None:
             serve_once(self.metrics_port + pl.local_rank)
         stats = METRICS.loader(pl.rank)
         self._ready = 0
-        batches = self._iter(pl)
+        batches = self._iter(pl, lend)
         handed: float | None = None
         try:
             while True:
@@ -379,7 +414,9 @@ class TokenLoader:
         finally:
             batches.close()  # stops the workers now when the caller breaks out
 
-    def _iter(self, pl: Placement) -> Generator[dict[str, torch.Tensor], None, None]:
+    def _iter(
+        self, pl: Placement, lend: _HostView | None
+    ) -> Generator[dict[str, torch.Tensor], None, None]:
         ds = self.dataset
         if self.coordinator is not None:
             from stoker.loader.dynamic import DynamicEpoch
@@ -396,7 +433,7 @@ class TokenLoader:
         if self.num_workers == 0:
             yield from self._in_process(progress, pl.rank)
         else:
-            yield from self._from_workers(progress, pl.rank)
+            yield from self._from_workers(progress, pl.rank, lend)
         ds._finish_epoch(progress)
 
     def _batch(
@@ -422,15 +459,20 @@ class TokenLoader:
         finally:
             reader.close()
 
-    def _from_workers(self, progress: st.Progress, rank: int) -> Iterator[dict[str, torch.Tensor]]:
+    def _from_workers(
+        self, progress: st.Progress, rank: int, lend: _HostView | None
+    ) -> Iterator[dict[str, torch.Tensor]]:
         ds = self.dataset
         nw = self.num_workers
         B = ds.batch_size
         total = -(-(progress.split.per_rank - progress.consumed) // B)
         ctx = mp.get_context("fork")
-        rings = [_Slots(self.prefetch, B, ds.seq_len + 1, ds.doc_starts) for _ in range(nw)]
+        dtype = torch.int64 if lend is None else lend.slot_dtype()
+        rings = [_Slots(self.prefetch, B, ds.seq_len + 1, ds.doc_starts, dtype) for _ in range(nw)]
         conns: list[Connection] = []
         procs = []
+        loans = None if lend is None else Loans()
+        unpin: Callable[[], None] | None = None
         try:
             for w in range(nw):
                 parent, child = ctx.Pipe(duplex=True)
@@ -446,15 +488,29 @@ class TokenLoader:
                 procs.append(proc)
                 for slot in range(self.prefetch):
                     parent.send(slot)
+            if lend is not None:
+                lend.loans = loans
+                # after the forks: CUDA may mark page-locked memory not to be inherited by a
+                # fork (MADV_DONTFORK), and the workers write into these slots
+                unpin = lend.pin([t for ring in rings for t in ring.tensors()])
+            direct = unpin is not None
             for b in range(total):
                 w = b % nw
+                if loans is not None:
+                    loans.reap()
+                    while loans.out(w) >= self.prefetch:  # the worker has no slot to fill
+                        if not loans.wait():
+                            raise StokerError(f"worker {w}'s slots are all lent and unsettled")
                 slot, n = self._receive(conns[w], procs[w], w, rank)
                 ring = rings[w]
                 toks, ids = ring.tokens[slot, :n], ring.ids[slot, :n]
                 mask = None if ring.masks is None else ring.masks[slot, :n]
                 progress.consumed += n  # handed to the caller = consumed
                 self._ready = sum(c.poll(0) for c in conns)  # batches waiting in the slots
-                if not self.zero_copy:
+                if loans is not None:  # back to the worker once its copy completed
+                    loan = loans.lend(w, functools.partial(_give_back, conns[w], slot), direct)
+                    yield Lent(self._batch(toks, ids, mask), loan)
+                elif not self.zero_copy:
                     toks, ids = toks.clone(), ids.clone()
                     mask = None if mask is None else mask.clone()
                     _give_back(conns[w], slot)
@@ -463,7 +519,13 @@ class TokenLoader:
                     yield self._batch(toks, ids, mask)
                     _give_back(conns[w], slot)
         finally:
-            _stop_workers(conns, procs)
+            try:
+                if loans is not None:
+                    loans.close()  # every copy from the slots completed, every slot back
+            finally:
+                _stop_workers(conns, procs)
+                if unpin is not None:
+                    unpin()
 
     def _receive(self, conn: Connection, proc: Any, w: int, rank: int) -> tuple[int, int]:
         waited = 0.0
@@ -494,16 +556,49 @@ class TokenLoader:
 
 
 class _HostView:
-    """A TokenLoader as its device tier sees it: host batches and the loader's own state."""
+    """A TokenLoader as its device tier sees it: host batches and the loader's own state.
 
-    def __init__(self, loader: TokenLoader) -> None:
+    Batches from worker processes come as lent slots (:class:`~stoker.pinned.Lent`),
+    tokens in the device tier's transfer dtype. ``register`` page-locks the slots'
+    memory (set for a CUDA device); if it fails the batches are staged, with one
+    warning. ``loans`` are those of the last pass (tests).
+    """
+
+    def __init__(self, loader: TokenLoader, register: Register | None = None) -> None:
         self._loader = loader
+        self.register = register
+        self.loans: Loans | None = None
+        self._warned = False
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self._loader._host_iter()
+        return self._loader._host_iter(self)
 
     def __len__(self) -> int:
         return len(self._loader)
+
+    def slot_dtype(self) -> torch.dtype:
+        """The dtype ``tokens`` cross the bus in (the device tier's default transfer)."""
+        from stoker.device import _auto_transfer
+
+        return _auto_transfer(self).get("tokens", torch.int64)
+
+    def pin(self, tensors: list[torch.Tensor]) -> Callable[[], None] | None:
+        """Page-lock ``tensors`` for direct copies: the undo (a no-op when no registration
+        is needed), or None when it failed and the batches are to be staged."""
+        if self.register is None:
+            return lambda: None
+        try:
+            return self.register(tensors)
+        except Exception as exc:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"could not page-lock the loader's batch slots ({exc}); batches are "
+                    "staged through pinned buffers instead (one host copy more per batch)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return None
 
     def state_dict(self) -> dict[str, Any]:
         return self._loader._host_state()
@@ -511,5 +606,5 @@ class _HostView:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._loader._host_load(state)
 
-    def __getattr__(self, name: str) -> Any:  # dataset, coordinator, last_epoch, zero_copy...
+    def __getattr__(self, name: str) -> Any:  # dataset, coordinator, last_epoch, state_at...
         return getattr(self._loader, name)

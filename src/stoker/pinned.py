@@ -1,0 +1,300 @@
+"""Host memory the device tier copies from, and when each piece may be reused.
+
+A copy to the GPU issued with ``non_blocking`` reads its source after the call
+returns, until the event recorded behind it completes; the source must stay
+untouched until then. Two kinds of source, one rule:
+
+- :class:`PinnedPool`: staging buffers the prefetch thread fills with a host
+  memcpy (any loader's batches). A buffer is free again once its copy's event
+  completed.
+- :class:`Loans`: the loader's own shared-memory batch slots, page-locked
+  (:func:`register`) and copied from directly, without the staging memcpy. A
+  slot lent to the device tier goes back to its worker (``give_back``) only
+  once its copy's event completed, never when training takes the batch.
+
+Both are bookkeeping only, over the :class:`Event` protocol (a CUDA event in
+use, fake events in the tests), so the reuse rule is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from stoker.errors import ConfigError, StokerError
+
+Key = tuple[tuple[int, ...], torch.dtype]
+
+
+class Event(Protocol):
+    """What the bookkeeping needs of a CUDA event: whether it completed, and a wait for it."""
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+
+class PinnedPool:
+    """Reusable host staging buffers keyed by (shape, dtype), at most ``capacity`` of them.
+
+    A buffer is *free*, *held* (returned by :meth:`acquire`, being filled) or
+    *busy* (given back by :meth:`release` with an event: a copy from it runs
+    until the event completes). :meth:`acquire` hands out only free buffers
+    (or new ones, while there are fewer than ``capacity``), so a buffer is
+    never handed out while in use. Buffers are pinned when ``pin`` (default:
+    when CUDA is available); ``alloc`` replaces the allocation (tests).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        pin: bool | None = None,
+        alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+    ) -> None:
+        if capacity < 1:
+            raise ConfigError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        pinned = torch.cuda.is_available() if pin is None else pin
+        self._alloc = alloc or (lambda s, d: torch.empty(s, dtype=d, pin_memory=pinned))
+        self._free: dict[Key, list[torch.Tensor]] = {}
+        self._held: dict[int, tuple[Key, torch.Tensor]] = {}  # id(buffer) -> (key, buffer)
+        self._busy: deque[tuple[Key, torch.Tensor, Event]] = deque()  # in release order
+        self.allocations = 0
+        self.acquisitions = 0
+
+    @property
+    def free(self) -> int:
+        return sum(len(v) for v in self._free.values())
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    @property
+    def busy(self) -> int:
+        return len(self._busy)
+
+    def __len__(self) -> int:
+        return self.free + self.held + self.busy
+
+    def acquire(self, shape: Iterable[int], dtype: torch.dtype) -> torch.Tensor | None:
+        """A buffer nobody uses, or None when all ``capacity`` are held or busy
+        (:meth:`wait` for one, then ask again)."""
+        self.reap()
+        key = (tuple(int(n) for n in shape), dtype)
+        free = self._free.get(key)
+        if free:
+            buf = free.pop()
+        else:
+            if len(self) >= self.capacity:
+                other = next((k for k, v in self._free.items() if v), None)
+                if other is None:
+                    return None
+                self._free[other].pop()  # a free buffer of another shape makes room
+            buf = self._alloc(key[0], dtype)
+            self.allocations += 1
+        self._held[id(buf)] = (key, buf)
+        self.acquisitions += 1
+        return buf
+
+    def release(self, buf: torch.Tensor, event: Event | None = None) -> None:
+        """Give ``buf`` back: free now, or once ``event`` completed."""
+        entry = self._held.get(id(buf))
+        if entry is None or entry[1] is not buf:
+            raise StokerError("released a buffer this pool did not hand out (or twice)")
+        del self._held[id(buf)]
+        if event is None:
+            self._free.setdefault(entry[0], []).append(buf)
+        else:
+            self._busy.append((entry[0], buf, event))
+
+    def reap(self) -> int:
+        """Free the busy buffers whose event completed; how many."""
+        done = [e for e in self._busy if e[2].query()]
+        if done:
+            self._busy = deque(e for e in self._busy if not any(e is d for d in done))
+        for key, buf, _ in done:
+            self._free.setdefault(key, []).append(buf)
+        return len(done)
+
+    def wait(self) -> bool:
+        """Wait for the oldest busy buffer's event and free what completed; False if none is busy."""
+        if not self._busy:
+            return False
+        self._busy[0][2].synchronize()
+        self.reap()
+        return True
+
+    def close(self) -> None:
+        """Wait for every copy in flight and drop all buffers (held ones stay the holder's)."""
+        while self.wait():
+            pass
+        self._free.clear()
+        self._held.clear()
+
+
+class Loan:
+    """One batch slot lent to the device tier by its ``owner`` (a loader worker).
+
+    ``direct``: the slot may be copied from as it is (page-locked, or no CUDA
+    copy at all); otherwise the device tier stages it like any batch. The
+    device tier calls :meth:`settle` once the copies from the slot are issued.
+    """
+
+    __slots__ = ("_loans", "direct", "give_back", "owner", "settled")
+
+    def __init__(
+        self, loans: Loans, owner: int, give_back: Callable[[], None], direct: bool
+    ) -> None:
+        self._loans = loans
+        self.owner, self.give_back, self.direct = owner, give_back, direct
+        self.settled = False
+
+    def settle(self, event: Event | None = None) -> None:
+        """The copies from the slot are issued: it goes back once ``event`` completed
+        (at the owner's next :meth:`Loans.reap`), or now if there is no event."""
+        self._loans._settle(self, event)
+
+
+class Loans:
+    """The batch slots a loader has lent to the device tier, per owner.
+
+    A loan is *out* from :meth:`lend` until its slot is given back, which
+    happens only after :meth:`Loan.settle`'s event completed: in :meth:`reap`
+    (events that completed), :meth:`wait` (the oldest, waited for) or
+    :meth:`close`. One thread uses it (the prefetch thread runs both the
+    loader's pass and the copies).
+    """
+
+    def __init__(self) -> None:
+        self._out: dict[int, int] = {}  # owner -> loans not given back
+        self._unsettled: list[Loan] = []
+        self._settled: deque[tuple[Loan, Event]] = deque()  # in settle order
+        self.closed = False
+        self.lent = 0
+        self.returned = 0
+
+    def lend(self, owner: int, give_back: Callable[[], None], direct: bool = True) -> Loan:
+        if self.closed:
+            raise StokerError("lent a slot after the loans were closed; this is a stoker bug")
+        loan = Loan(self, owner, give_back, direct)
+        self._out[owner] = self._out.get(owner, 0) + 1
+        self._unsettled.append(loan)
+        self.lent += 1
+        return loan
+
+    def out(self, owner: int | None = None) -> int:
+        """Loans not given back (of ``owner``, or of all)."""
+        return sum(self._out.values()) if owner is None else self._out.get(owner, 0)
+
+    def _settle(self, loan: Loan, event: Event | None) -> None:
+        if loan.settled or loan not in self._unsettled:
+            raise StokerError("a slot loan settled twice (or not lent here); this is a stoker bug")
+        if self.closed:
+            raise StokerError("a slot loan settled after its pass ended; this is a stoker bug")
+        loan.settled = True
+        self._unsettled.remove(loan)
+        if event is None:
+            self._return(loan)
+        else:
+            self._settled.append((loan, event))
+
+    def _return(self, loan: Loan) -> None:
+        self._out[loan.owner] -= 1
+        self.returned += 1
+        loan.give_back()
+
+    def reap(self) -> int:
+        """Give back the slots whose copy's event completed; how many."""
+        done = [entry for entry in self._settled if entry[1].query()]
+        if done:
+            self._settled = deque(e for e in self._settled if not any(e is d for d in done))
+        for loan, _ in done:
+            self._return(loan)
+        return len(done)
+
+    def wait(self) -> bool:
+        """Wait for the oldest settled loan's event and give back what completed;
+        False if none is settled."""
+        if not self._settled:
+            return False
+        self._settled[0][1].synchronize()
+        self.reap()
+        return True
+
+    def close(self) -> None:
+        """Wait for every copy in flight and give every slot back (a loan never settled:
+        its batch reached no copy)."""
+        while self.wait():
+            pass
+        for loan in self._unsettled:
+            loan.settled = True
+            self._return(loan)
+        self._unsettled.clear()
+        self.closed = True
+
+
+class Lent(dict[str, Any]):
+    """A batch whose tensors are views into a lent slot: valid until ``loan`` is settled."""
+
+    def __init__(self, batch: dict[str, Any], loan: Loan) -> None:
+        super().__init__(batch)
+        self.loan = loan
+
+
+def register(tensors: Sequence[torch.Tensor], device: torch.device) -> Callable[[], None]:
+    """Page-lock the memory under ``tensors`` (``cudaHostRegister``) so that copies to
+    ``device`` read it directly; returns the undo (``cudaHostUnregister``). Raises
+    :class:`~stoker.errors.StokerError` with CUDA's error code if it refused (nothing
+    stays registered then).
+
+    The calls run on a thread of their own: a refused call leaves its error as the
+    CUDA runtime's *last error* of the calling thread, where PyTorch's next check
+    after a kernel launch would raise it; there it ends with the thread.
+    """
+    storages = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors]
+    done: list[int] = []
+    refused: list[int] = []
+
+    def unregister() -> None:
+        cudart = torch.cuda.cudart()
+        for ptr in done:
+            cudart.cudaHostUnregister(ptr)
+        done.clear()
+
+    def pin() -> None:
+        torch.cuda.set_device(device)
+        cudart = torch.cuda.cudart()
+        for ptr, nbytes in storages:
+            rc = int(cudart.cudaHostRegister(ptr, nbytes, 0))
+            if rc != 0:
+                refused.append(rc)
+                unregister()
+                return
+            done.append(ptr)
+
+    _on_own_thread(pin)
+    if refused:
+        raise StokerError(f"cudaHostRegister refused the batch slots (cudaError {refused[0]})")
+    return lambda: _on_own_thread(unregister)
+
+
+def _on_own_thread(fn: Callable[[], None]) -> None:
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            failure.append(exc)
+
+    th = threading.Thread(target=run, name="stoker-register", daemon=True)
+    th.start()
+    th.join()
+    if failure:
+        raise failure[0]
