@@ -81,10 +81,17 @@ class Metrics:
 
     # -- block threads ---------------------------------------------------------------
     def threads_opened(self, n: int) -> None:
-        """A pool of ``n`` block threads (fetch, verify, decode) now exists."""
+        """A pool of up to ``n`` block threads (fetch, verify, decode) now exists; its
+        capacity counts from now (the pool starts its threads as work arrives)."""
         with self.lock:
             self.threads.tick(time.monotonic())
             self.threads.count += n
+
+    def threads_closed(self, n: int) -> None:
+        """A pool of ``n`` block threads is gone."""
+        with self.lock:
+            self.threads.tick(time.monotonic())
+            self.threads.count = max(0, self.threads.count - n)
 
     def thread_busy(self, seconds: float) -> None:
         with self.lock:
@@ -270,7 +277,7 @@ class Collector:
         )
         yield CounterMetricFamily(
             "stoker_loader_thread_alive_seconds",
-            "Thread-seconds the block threads existed (threads x seconds)",
+            "Capacity of the block-thread pools, in thread-seconds (pool size x seconds)",
             value=threads["alive"],
         )
         batches = CounterMetricFamily(

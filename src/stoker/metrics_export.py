@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from typing import Any
 
 from stoker.metrics import METRICS, STORAGE, delta
@@ -44,34 +45,55 @@ class WorkerExport:
     and the file is rewritten atomically at most every :data:`EXPORT_INTERVAL`
     seconds, when the iteration ends and when the worker process exits. The
     parent is the worker's parent process (fork and spawn start methods).
+
+    Busy time (:func:`busy_seconds`): the wall time inside the dataset's iterator,
+    plus what the worker's thread does between handing a sample over and asking
+    for the next (a wrapped transform, collation, pickling) by its CPU time and
+    its wait for a core (the run queue, from ``/proc/thread-self/schedstat``);
+    waiting for the parent's next request takes neither and counts as idle.
     """
 
     def __init__(self, rank: int, worker: int) -> None:
-        self.rank, self.worker = rank, worker
+        self.rank, self.worker, self.pid = rank, worker, os.getpid()
         self.first = METRICS.snapshot()
         self.born = time.monotonic()
-        self.busy = 0.0
+        self.inside = 0.0  # wall seconds inside the dataset's iterator
+        self.outside_cpu = 0.0  # thread CPU seconds between a hand-over and the next ask
+        self.handed: float | None = None  # thread CPU time at the last hand-over
         self.written = 0.0
+        self.sched = _Schedstat()
+        self.sched0 = self.sched.read()
         self.dir = export_dir(os.getppid())
         self.path = os.path.join(self.dir, f"{os.getpid()}.json")
         multiprocessing.util.Finalize(self, self.write, exitpriority=10)
 
     def produced(self, since: float) -> None:
-        """The worker worked from ``since`` (a ``perf_counter``) until now; write if due."""
+        """The dataset worked from ``since`` (a ``perf_counter``) until now, and hands a
+        sample over; write if due."""
         now = time.perf_counter()
-        self.busy += now - since
+        self.inside += now - since
         if now - self.written >= EXPORT_INTERVAL:
             self.write()
             self.written = now
+        self.handed = time.thread_time()
+
+    def resumed(self) -> None:
+        """The worker asks for the next sample."""
+        if self.handed is not None:
+            self.outside_cpu += time.thread_time() - self.handed
+
+    def busy(self, alive: float) -> float:
+        cpu, delay = (a - b for a, b in zip(self.sched.read(), self.sched0, strict=True))
+        return busy_seconds(self.inside, self.outside_cpu, cpu, delay, alive)
 
     def write(self) -> None:
-        body = {
+        body: dict[str, Any] = {
             **delta(METRICS.snapshot(), self.first),
             "rank": self.rank,
             "worker": self.worker,
-            "busy": self.busy,
-            "alive": time.monotonic() - self.born,
         }
+        alive = time.monotonic() - self.born
+        body.update(busy=self.busy(alive), alive=alive)
         try:
             os.makedirs(self.dir, exist_ok=True)
             tmp = f"{self.path}.tmp"
@@ -80,6 +102,53 @@ class WorkerExport:
             os.replace(tmp, self.path)
         except OSError:
             pass  # metrics never stop the data
+
+
+def busy_seconds(
+    inside: float, outside_cpu: float, cpu: float, delay: float, alive: float
+) -> float:
+    """A worker thread's busy seconds: ``inside`` (wall seconds in the dataset's iterator),
+    ``outside_cpu`` (its CPU seconds outside it), and its total ``cpu`` and run-queue
+    ``delay`` seconds. The delay outside the iterator is what ``delay`` leaves after the
+    iterator's own time off the CPU (blocked or waiting for a core), so it is never
+    counted twice; at most ``alive``."""
+    inside_off_cpu = max(0.0, inside - max(0.0, cpu - outside_cpu))
+    outside_delay = max(0.0, delay - inside_off_cpu)
+    return min(alive, inside + outside_cpu + outside_delay)
+
+
+_current: WorkerExport | None = None
+
+
+def worker_export(rank: int, worker: int) -> WorkerExport:
+    """This worker process's :class:`WorkerExport` (one per process: a persistent worker
+    iterates once per epoch into the same totals), ready for an iteration."""
+    global _current
+    cur = _current
+    if cur is None or (cur.pid, cur.rank, cur.worker) != (os.getpid(), rank, worker):
+        cur = _current = WorkerExport(rank, worker)
+    cur.handed = None  # the wait between iterations is not work
+    return cur
+
+
+class _Schedstat:
+    """This thread's CPU time and run-queue wait (seconds), from
+    ``/proc/thread-self/schedstat``; the CPU clock and no wait where there is none."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+        else:
+            weakref.finalize(self, os.close, self.fd)
+
+    def read(self) -> tuple[float, float]:
+        if self.fd is not None:
+            with contextlib.suppress(OSError, ValueError):
+                cpu, delay, _ = os.pread(self.fd, 128, 0).split()
+                return int(cpu) / 1e9, int(delay) / 1e9
+        return time.thread_time(), 0.0
 
 
 def _alive(pid: int) -> bool:
@@ -101,6 +170,10 @@ class Exported:
         self.pid = os.getpid()
         self.retired: list[dict[str, Any]] = []
         self.swept = False
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.lock = threading.Lock()  # another thread may have held it at the fork
 
     def read(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -116,12 +189,13 @@ class Exported:
                     if not name.endswith(".json"):
                         continue
                     path = os.path.join(d, name)
-                    try:
+                    alive = _alive(int(name[: -len(".json")]))  # before reading: if it is
+                    try:  # gone, what the file holds is final
                         with open(path) as f:
                             body = json.load(f)
                     except (OSError, ValueError):
                         continue
-                    if _alive(int(name[: -len(".json")])):
+                    if alive:
                         live.append(body)
                     else:  # it wrote its last; keep the totals, drop the file
                         self.retired.append(body)

@@ -19,6 +19,7 @@ use, fake events in the tests), so the reuse rule is tested without a GPU.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -262,10 +263,18 @@ def register(tensors: Sequence[torch.Tensor], device: torch.device) -> Callable[
     refused: list[int] = []
 
     def unregister() -> None:
+        # a new thread's current device is 0: select ours, or a context is made on GPU 0
+        torch.cuda.set_device(device)
         cudart = torch.cuda.cudart()
-        for ptr in done:
-            cudart.cudaHostUnregister(ptr)
+        failed = [rc for ptr in done if (rc := int(cudart.cudaHostUnregister(ptr))) != 0]
         done.clear()
+        if failed:
+            warnings.warn(
+                f"cudaHostUnregister failed for {len(failed)} batch slots (cudaError "
+                f"{failed[0]}); their memory may stay page-locked",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
     def pin() -> None:
         torch.cuda.set_device(device)

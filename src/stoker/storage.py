@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -181,6 +182,7 @@ class Storage:
                         self.max_inflight, thread_name_prefix="stoker-io"
                     )
                     METRICS.threads_opened(self.max_inflight)
+                    weakref.finalize(self._pool, METRICS.threads_closed, self.max_inflight)
         return self._pool
 
     def _options(self) -> dict[str, Any]:

@@ -1,5 +1,9 @@
 """A training rank for the doctor's tests: TokenLoader with metrics, a simulated step.
 
+With ``--torch`` the rank reads through torch's DataLoader instead (wrapped in
+``stoker.Metered``), its samples passed through a transform that burns
+``--transform-ms`` of CPU each.
+
 Prints "ready" once it has taken its first step (its metrics endpoint is up), then trains
 epoch after epoch until its standard input closes. With WORLD_SIZE > 1 it joins a gloo
 group and all-reduces every step, as data-parallel training does (a slow rank then slows
@@ -14,8 +18,26 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset
 
 import stoker
+
+
+class Transformed(IterableDataset):  # type: ignore[type-arg]
+    """``dataset``'s samples, each after ``cpu`` seconds of computation (a costly transform)."""
+
+    def __init__(self, dataset: stoker.TokenDataset, cpu: float) -> None:
+        self.dataset, self.cpu = dataset, cpu
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for sample in self.dataset:
+            start = time.thread_time()
+            while time.thread_time() - start < self.cpu:
+                sample["tokens"].sum()
+            yield sample
 
 
 def main() -> int:
@@ -31,6 +53,8 @@ def main() -> int:
     ap.add_argument("--cache-limit", type=int, default=64 << 30)
     ap.add_argument("--shm-limit", type=int, default=4 << 30)
     ap.add_argument("--window-shards", type=int, default=16)
+    ap.add_argument("--torch", action="store_true", help="torch DataLoader + stoker.Metered")
+    ap.add_argument("--transform-ms", type=float, default=0.0, help="CPU per sample (--torch)")
     a = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -44,7 +68,17 @@ def main() -> int:
         cache_limit=a.cache_limit, shm_limit=a.shm_limit, window_shards=a.window_shards,
         agent=None if a.cache_dir else False,
     )  # fmt: skip
-    loader = stoker.TokenLoader(ds, a.workers, prefetch=a.prefetch, metrics_port=a.metrics_port)
+    loader: Any
+    if a.torch:
+        from torch.utils.data import DataLoader
+
+        loader = stoker.Metered(
+            DataLoader(Transformed(ds, a.transform_ms / 1e3), batch_size=a.batch,
+                       num_workers=a.workers, prefetch_factor=a.prefetch),
+            metrics_port=a.metrics_port,
+        )  # fmt: skip
+    else:
+        loader = stoker.TokenLoader(ds, a.workers, prefetch=a.prefetch, metrics_port=a.metrics_port)
     stop = threading.Event()
     # raw reads of fd 0: a thread blocked in sys.stdin.read() holds the stream's lock, and
     # the forked loader workers (which close sys.stdin) would wait for it forever

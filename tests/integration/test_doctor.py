@@ -1,5 +1,6 @@
 """`stoker doctor` against real jobs with a bottleneck induced for real: a healthy run, a
-cache smaller than the working set, decode-bound workers, and one slowed rank (its storage
+cache smaller than the working set, decode-bound workers, an expensive transform in torch
+DataLoader workers, and one slowed rank (its storage
 through a rate-limited origin) in a gloo job. Each job is a real process serving its
 metrics; the doctor is the real CLI scraping them."""
 
@@ -97,6 +98,21 @@ def test_a_healthy_run_is_gpu_bound(dataset: Written, jobs: Jobs) -> None:
 def test_decode_bound_workers_are_named(dataset: Written, jobs: Jobs) -> None:
     # no compute at all and one worker decoding every block itself: the worker is the limit
     port, proc = jobs.start("--dataset", str(dataset.path), "--workers", "1", "--seq-len", "2048")
+    jobs.ready(proc)
+    d = doctor(port)
+    assert d["bottleneck"] == "cpu", d
+    assert "worker busy share" in " ".join(d["evidence"])
+
+
+def test_an_expensive_transform_in_dataloader_workers_is_named(
+    dataset: Written, jobs: Jobs
+) -> None:
+    # torch's DataLoader (through stoker.Metered), one worker whose transform burns 3 ms of
+    # CPU per sample: the worker's busy share (reported through its file) names the CPU
+    port, proc = jobs.start(
+        "--dataset", str(dataset.path), "--torch", "--workers", "1", "--transform-ms", "3",
+        "--step", "0.002",
+    )  # fmt: skip
     jobs.ready(proc)
     d = doctor(port)
     assert d["bottleneck"] == "cpu", d

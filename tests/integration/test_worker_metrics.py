@@ -133,3 +133,25 @@ def test_metered_dataloader_reports_the_stall_like_token_loader(small_dataset: W
     assert stats["worker_busy_share"] is not None and 0.0 < stats["worker_busy_share"] <= 1.0
     assert stats["storage"]["bytes"] >= value(after, "stoker_storage_read_bytes_total") > 0
     assert loader.dataset is ds  # the loader's own attributes pass through
+
+
+def test_persistent_workers_count_every_epoch_once(serve_dir, small_dataset: Written) -> None:
+    """A persistent worker iterates once per epoch: one file, the epochs' counts summed."""
+    origin, url = serve_dir(small_dataset.path)
+    port = serve(0)
+    ds = TokenDataset(url, SEQ_LEN, batch_size=4, shard_size=8, window_shards=4, seed=9)
+    dl = DataLoader(ds, batch_size=4, num_workers=2, timeout=120, persistent_workers=True)
+    n_before = len(origin.access_log())
+    before = scrape(port)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        assert_exactly_once([i for b in dl for i in b["sample_id"].tolist()], ds.num_samples)
+    log = origin.access_log()[n_before:]
+    mid = scrape(port)  # the workers still live: their files hold both epochs
+    del dl  # the workers exit
+    after = scrape(port)
+    for m in (mid, after):
+        got = value(m, "stoker_storage_read_bytes_total") - value(
+            before, "stoker_storage_read_bytes_total"
+        )
+        assert got == sum(r.bytes_sent for r in log)

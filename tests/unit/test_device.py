@@ -446,6 +446,7 @@ class CheckedLoans(Loans):
     def __init__(self) -> None:
         super().__init__()
         self.events: dict[int, Event | None] = {}
+        self.early: list[str] = []  # slots given back while their copy ran
         CheckedLoans.made.append(self)
 
     def lend(self, owner: int, give_back: Callable[[], None], direct: bool = True) -> Loan:
@@ -453,7 +454,8 @@ class CheckedLoans(Loans):
 
         def checked() -> None:
             ev = self.events.get(id(lent[0]), "unsettled")
-            assert isinstance(ev, FakeEvent) and ev.done, f"slot back while its copy ran: {ev}"
+            if not (isinstance(ev, FakeEvent) and ev.done):  # recorded, not raised: the
+                self.early.append(repr(ev))  # loader's own errors must not hide it
             give_back()
 
         lent.append(super().lend(owner, checked, direct))
@@ -481,6 +483,8 @@ def late_copies(
 def assert_slots_back(loans: Loans | None) -> None:
     assert loans is not None and loans.closed
     assert loans.out() == 0 and loans.lent == loans.returned > 0
+    if isinstance(loans, CheckedLoans):
+        assert loans.early == [], "slots given back while their copy ran"
 
 
 @pytest.mark.parametrize("late_copies", [3, None], indirect=True)
@@ -634,7 +638,7 @@ def test_a_copy_that_fails_settles_its_slot_after_what_was_issued(
     mover = ld._device._movers[0]
     assert isinstance(mover, device_tier._Stager)
     mover.dev.device = torch.device("cuda", 999)  # the next copies fail (no such device)
-    with pytest.raises((AssertionError, RuntimeError)):
+    with pytest.raises((AssertionError, RuntimeError)):  # CPU torch: "not compiled with CUDA"
         for _ in range(20):
             next(it)
     loans = late_copies[0]

@@ -260,16 +260,25 @@ class FakeCudart:
         self.registered: list[tuple[int, int, int]] = []
         self.unregistered: list[int] = []
         self.threads: set[str] = set()
+        self.current: dict[int, Any] = {}  # thread ident -> the device it selected
+        self.devices: list[Any] = []  # the calling thread's device, per call
+
+    def set_device(self, device: Any) -> None:
+        self.current[threading.get_ident()] = torch.device(device)
+
+    def _called(self) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.devices.append(self.current.get(threading.get_ident()))
 
     def cudaHostRegister(self, ptr: int, nbytes: int, flags: int) -> int:
-        self.threads.add(threading.current_thread().name)
+        self._called()
         if self.refuse is not None and len(self.registered) + 1 == self.refuse:
             return 712
         self.registered.append((ptr, nbytes, flags))
         return 0
 
     def cudaHostUnregister(self, ptr: int) -> int:
-        self.threads.add(threading.current_thread().name)
+        self._called()
         self.unregistered.append(ptr)
         return 0
 
@@ -279,7 +288,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[[int | None], FakeCud
     def install(refuse: int | None) -> FakeCudart:
         rt = FakeCudart(refuse)
         monkeypatch.setattr(torch.cuda, "cudart", lambda: rt)
-        monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+        monkeypatch.setattr(torch.cuda, "set_device", rt.set_device)
         return rt
 
     return install
@@ -298,12 +307,14 @@ def test_register_page_locks_whole_storages_off_the_calling_thread(
 ) -> None:
     rt = fake_cuda(None)
     tensors = slot_tensors()
-    undo = register(tensors, torch.device("cuda", 0))
+    undo = register(tensors, torch.device("cuda", 1))
     want = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), 0) for t in tensors]
     assert rt.registered == want and rt.unregistered == []
     undo()
     assert rt.unregistered == [p for p, _, _ in want]
     assert threading.current_thread().name not in rt.threads  # errors stay off this thread
+    # each call on a thread that selected the rank's device (a new thread's is GPU 0)
+    assert rt.devices == [torch.device("cuda", 1)] * (2 * len(tensors))
 
 
 def test_a_refused_registration_raises_with_the_code_and_undoes_the_rest(

@@ -20,7 +20,7 @@ from stoker.loader import state as st
 from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.distributed import Placement, detect
 from stoker.loader.sources import StaticSource
-from stoker.metrics_export import WorkerExport
+from stoker.metrics_export import worker_export
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
@@ -263,7 +263,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         progress, skip = self._start(pl)
         reader = self._reader()
         # in a torch DataLoader worker: its counts reach the parent's /metrics by file
-        export = WorkerExport(pl.rank, pl.worker) if get_worker_info() is not None else None
+        export = worker_export(pl.rank, pl.worker) if get_worker_info() is not None else None
         t = time.perf_counter()
         try:
             chunks = self._id_chunks(progress, pl.rank, pl.worker, pl.num_workers, skip, PLAN_CHUNK)
@@ -285,6 +285,8 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
                         if export is not None:
                             export.produced(t)
                         yield item
+                        if export is not None:
+                            export.resumed()
                         t = time.perf_counter()
         finally:
             reader.close()
