@@ -161,16 +161,25 @@ class Threads:
         self.stamp = now
 
 
+def combine(a: dict[str, Any], b: dict[str, Any], sign: int = 1) -> dict[str, Any]:
+    """``a + b`` (or ``a - b`` with ``sign=-1``) of two :meth:`Metrics.snapshot` results
+    (or their differences): storage counts, latency buckets, thread seconds."""
+    s, t = a["storage"], b["storage"]
+    storage: dict[str, Any] = {k: s[k] + sign * t[k] for k in STORAGE}
+    storage["latency"] = {
+        "counts": [
+            x + sign * y
+            for x, y in zip(s["latency"]["counts"], t["latency"]["counts"], strict=True)
+        ],
+        "sum": s["latency"]["sum"] + sign * t["latency"]["sum"],
+    }
+    threads = {k: a["threads"][k] + sign * b["threads"][k] for k in ("busy", "alive")}
+    return {"storage": storage, "threads": threads}
+
+
 def delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """What changed between two :meth:`Metrics.snapshot` results."""
-    s, b = now["storage"], before["storage"]
-    storage: dict[str, Any] = {k: s[k] - b[k] for k in STORAGE}
-    storage["latency"] = {
-        "counts": [x - y for x, y in zip(s["latency"]["counts"], b["latency"]["counts"])],
-        "sum": s["latency"]["sum"] - b["latency"]["sum"],
-    }
-    threads = {k: now["threads"][k] - before["threads"][k] for k in ("busy", "alive")}
-    return {"storage": storage, "threads": threads}
+    return combine(now, before, -1)
 
 
 @dataclass

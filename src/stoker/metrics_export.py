@@ -26,7 +26,7 @@ import time
 import weakref
 from typing import Any
 
-from stoker.metrics import METRICS, STORAGE, delta
+from stoker.metrics import METRICS, combine, delta
 
 #: Seconds between a DataLoader worker's writes of its totals (and at its end).
 EXPORT_INTERVAL = 0.5
@@ -210,26 +210,14 @@ def with_exported(
 ) -> tuple[dict[str, Any], dict[tuple[int, int], list[float]]]:
     """This process's :meth:`~stoker.metrics.Metrics.snapshot` plus its DataLoader
     workers' totals, and the workers' ``[busy, alive]`` seconds by (rank, worker)."""
-    total = json.loads(json.dumps(own))
+    total = own
     workers: dict[tuple[int, int], list[float]] = {}
     for body in EXPORTED.read():
-        _add(total, body)
+        total = combine(total, body)
         acc = workers.setdefault((body["rank"], body["worker"]), [0.0, 0.0])
         acc[0] += body["busy"]
         acc[1] += body["alive"]
     return total, workers
-
-
-def _add(acc: dict[str, Any], body: dict[str, Any]) -> None:
-    """Add ``body``'s storage and thread counts to ``acc``'s."""
-    for k in STORAGE:
-        acc["storage"][k] += body["storage"][k]
-    counts = acc["storage"]["latency"]["counts"]
-    for i, n in enumerate(body["storage"]["latency"]["counts"]):
-        counts[i] += n
-    acc["storage"]["latency"]["sum"] += body["storage"]["latency"]["sum"]
-    for k in ("busy", "alive"):
-        acc["threads"][k] += body["threads"][k]
 
 
 def _fold(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,13 +225,17 @@ def _fold(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: dict[tuple[int, int], dict[str, Any]] = {}
     for b in bodies:
         key = (b["rank"], b["worker"])
-        if key not in out:
-            out[key] = json.loads(json.dumps(b))
-            continue
-        acc = out[key]
-        _add(acc, b)
-        acc["busy"] += b["busy"]
-        acc["alive"] += b["alive"]
+        acc = out.get(key)
+        out[key] = (
+            b
+            if acc is None
+            else {
+                **b,
+                **combine(acc, b),
+                "busy": acc["busy"] + b["busy"],
+                "alive": acc["alive"] + b["alive"],
+            }
+        )
     return list(out.values())
 
 

@@ -228,9 +228,15 @@ class Loans:
         self.reap()
         return True
 
-    def close(self) -> None:
+    def close(self, give_back: bool = True) -> None:
         """Wait for every copy in flight and give every slot back (a loan never settled:
-        its batch reached no copy)."""
+        its batch reached no copy); with ``give_back=False`` the slots are only counted
+        back (their owners are being stopped and would fill them again)."""
+        if not give_back:
+            for loan, _ in self._settled:
+                loan.give_back = _nothing
+            for loan in self._unsettled:
+                loan.give_back = _nothing
         while self.wait():
             pass
         for loan in self._unsettled:
@@ -238,6 +244,10 @@ class Loans:
             self._return(loan)
         self._unsettled.clear()
         self.closed = True
+
+
+def _nothing() -> None:
+    pass
 
 
 class Lent(dict[str, Any]):

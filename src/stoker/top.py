@@ -60,16 +60,18 @@ def frame(
         f"   workers busy {doctor._pct(ev.worker_busy)}",
     ]
     if nodes:
+        ranks_of = {name: ",".join(sorted(n.stall, key=int)) or "-" for name, n in nodes.items()}
+        wn = max(16, *(len(name) for name in nodes))
+        wr = max(10, *(len(r) for r in ranks_of.values()))
         lines += [
             "",
-            f"{'node':<16} {'ranks':<10} {'tokens/s':>12} {'stall':>7} {'hits':>7} "
+            f"{'node':<{wn}} {'ranks':<{wr}} {'tokens/s':>12} {'stall':>7} {'hits':>7} "
             f"{'remote MB/s':>12}",
         ]
         for name, n in nodes.items():
-            nr = sorted(n.stall, key=int)
-            nstall = sum(n.stall.values()) / len(nr) if nr else 0.0
+            nstall = sum(n.stall.values()) / len(n.stall) if n.stall else 0.0
             lines.append(
-                f"{name:<16} {','.join(nr) or '-':<10} {sum(n.tokens_per_s.values()):>12,.0f} "
+                f"{name:<{wn}} {ranks_of[name]:<{wr}} {sum(n.tokens_per_s.values()):>12,.0f} "
                 f"{100 * nstall:>6.1f}% {doctor._pct(n.hit_ratio):>7} "
                 f"{n.remote_bytes_per_s / 1e6:>12.1f}"
             )

@@ -176,6 +176,21 @@ def test_a_loan_never_settled_goes_back_at_close() -> None:
         loans.lend(0, slots.give_back(5))
 
 
+def test_close_without_give_back_waits_for_the_copies_and_keeps_the_slots() -> None:
+    # the loader closes its loans as it stops its workers: a slot handed back would make
+    # a worker fill it once more before it reads the stop
+    slots, loans = Slots(), Loans()
+    a, b = loans.lend(0, slots.give_back(1)), loans.lend(1, slots.give_back(2))
+    ev = slots.events[1] = FakeEvent()
+    a.settle(ev)
+    loans.lend(0, slots.give_back(3))  # never settled
+    loans.close(give_back=False)
+    assert ev.done  # waited for: the slot's memory is free of copies
+    assert slots.back == [] and loans.out() == 0 and loans.returned == loans.lent == 3
+    with pytest.raises(StokerError):
+        b.settle()  # the pass ended
+
+
 def test_settling_twice_is_refused() -> None:
     loans = Loans()
     loan = loans.lend(0, lambda: None)

@@ -519,12 +519,14 @@ class TokenLoader:
                     yield self._batch(toks, ids, mask)
                     _give_back(conns[w], slot)
         finally:
+            copied = False
             try:
-                if loans is not None:
-                    loans.close()  # every copy from the slots completed, every slot back
+                if loans is not None:  # every copy from the slots completed; the slots
+                    loans.close(give_back=False)  # stay here: the workers stop now
+                copied = True
             finally:
                 _stop_workers(conns, procs)
-                if unpin is not None:
+                if unpin is not None and copied:  # never under a copy still in flight
                     unpin()
 
     def _receive(self, conn: Connection, proc: Any, w: int, rank: int) -> tuple[int, int]:
