@@ -19,11 +19,10 @@ workers report their busy share and storage reads themselves
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from stoker.metrics import METRICS, serve_once
+from stoker.metrics import METRICS, serve_once, timed
 
 
 class Metered:
@@ -60,23 +59,7 @@ class Metered:
         rank, local = self._rank()
         if self.metrics_port is not None:
             serve_once(self.metrics_port + local)
-        stats = METRICS.loader(rank)
-        batches = iter(self.loader)
-        handed: float | None = None
-        while True:
-            asked = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            got = time.perf_counter()
-            samples, tokens = self._count(batch)
-            with METRICS.lock:
-                stats.handed(
-                    samples, tokens, got - asked, None if handed is None else asked - handed
-                )
-            handed = got
-            yield batch
+        yield from timed(iter(self.loader), rank, self._count)
 
     def _count(self, batch: Any) -> tuple[int, int]:
         if not isinstance(batch, dict):

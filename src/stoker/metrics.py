@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,6 +237,33 @@ class LoaderStats:
 
 #: This process's metrics.
 METRICS = Metrics()
+
+
+def timed(
+    batches: Iterator[Any],
+    rank: int,
+    count: Callable[[Any], tuple[int, int]],
+    ready: Callable[[], int] | None = None,
+) -> Iterator[Any]:
+    """``batches``, each timed into ``rank``'s loader figures: the wait inside ``next()`` is
+    the data stall, the time until the next ``next()`` the training step. ``count`` gives
+    a batch's samples and tokens, ``ready`` the batches waiting after it."""
+    stats = METRICS.loader(rank)
+    handed: float | None = None
+    while True:
+        asked = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        got = time.perf_counter()
+        samples, tokens = count(batch)
+        with METRICS.lock:
+            stats.handed(samples, tokens, got - asked, None if handed is None else asked - handed)
+            if ready is not None:
+                stats.ready = ready()
+        handed = got
+        yield batch
 
 
 class Collector:

@@ -88,3 +88,22 @@ def test_locality_bench_quick_cuts_later_epochs_remote_bytes() -> None:
     later = {k: sum(sum(e["remote_bytes"]) for e in r["epochs"][1:]) for k, r in runs.items()}
     # one-shard windows: the nodes' caches hold a third each, and locality grants them that third
     assert later[True] < 0.5 * later[False], later
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dynamic_bench_quick_reads_every_sample_once() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/dynamic_bench.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = json.loads((ROOT / "benchmarks/.work/dynamic_bench/results-quick.json").read_text())
+    runs = {(r["config"], r["num_workers"]): r for r in out["runs"]}
+    assert set(runs) == {(c, nw) for c in ("static", "coordinator", "rank0") for nw in (0, 2)}
+    for run in runs.values():  # the script itself fails on a duplicate or a missing id
+        assert run["samples"] == out["params"]["samples"], run
+        assert run["tps"] > 0 and run["first_s"] > 0
+    assert out["summary"]["coordinator/nw0"]["ratio"] > 0

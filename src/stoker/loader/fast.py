@@ -47,7 +47,7 @@ from stoker.errors import ConfigError, StateError, StokerError
 from stoker.loader import state as st
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.distributed import Placement
-from stoker.metrics import METRICS, WorkerMeter, apply_worker, serve_once
+from stoker.metrics import METRICS, WorkerMeter, apply_worker, serve_once, timed
 from stoker.pinned import Lent, Loans, register
 
 if TYPE_CHECKING:
@@ -389,28 +389,10 @@ class TokenLoader:
         pl = self.dataset._placement()
         if self.metrics_port is not None:
             serve_once(self.metrics_port + pl.local_rank)
-        stats = METRICS.loader(pl.rank)
         self._ready = 0
         batches = self._iter(pl, lend)
-        handed: float | None = None
         try:
-            while True:
-                asked = time.perf_counter()
-                batch = next(batches, None)
-                if batch is None:
-                    return
-                got = time.perf_counter()
-                ids = batch["sample_id"]
-                with METRICS.lock:
-                    stats.handed(
-                        len(ids),
-                        int(batch["tokens"].numel()),
-                        got - asked,
-                        None if handed is None else asked - handed,
-                    )
-                    stats.ready = self._ready
-                handed = got
-                yield batch
+            yield from timed(batches, pl.rank, _count, lambda: self._ready)
         finally:
             batches.close()  # stops the workers now when the caller breaks out
 
@@ -555,6 +537,10 @@ class TokenLoader:
             raise WorkerError(f"loader worker {w} failed:\n{trace}")
         apply_worker(rank, w, msg[2])
         return int(msg[0]), int(msg[1])
+
+
+def _count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    return len(batch["sample_id"]), int(batch["tokens"].numel())
 
 
 class _HostView:
