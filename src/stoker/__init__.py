@@ -3,8 +3,9 @@
 Public API; everything else is internal and may change.
 """
 
+from typing import TYPE_CHECKING
+
 from stoker.cache import BlockCache, DiskCache, NullCache
-from stoker.device import DevicePrefetcher
 from stoker.errors import (
     AgentError,
     AgentRunningError,
@@ -21,27 +22,45 @@ from stoker.errors import (
 )
 from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
 from stoker.formats.tokens import TokenSource
-from stoker.loader.dataset import TokenDataset
-from stoker.loader.fast import TokenLoader, WorkerError
-from stoker.loader.masks import cu_seqlens, doc_starts
 from stoker.manifest import Manifest
 from stoker.metered import Metered
 from stoker.storage import RetryPolicy, Storage
+
+if TYPE_CHECKING:
+    from stoker.cache.client import AgentClient
+    from stoker.coordinator.client import CoordinatorClient, CoordinatorUnavailable, LeaseRejected
+    from stoker.coordinator.leases import Config as LeaseConfig
+    from stoker.device import DevicePrefetcher
+    from stoker.loader.dataset import TokenDataset
+    from stoker.loader.fast import TokenLoader, WorkerError
+    from stoker.loader.masks import cu_seqlens, doc_starts
+
+#: Names imported when first asked for: torch (the loader, the device tier) takes seconds
+#: to import, and the agent's and coordinator's processes (and clients) need none of it;
+#: gRPC and protobuf likewise stay out of `import stoker`.
+_LAZY = {
+    "AgentClient": "stoker.cache.client",
+    "CoordinatorClient": "stoker.coordinator.client",
+    "CoordinatorUnavailable": "stoker.coordinator.client",
+    "LeaseRejected": "stoker.coordinator.client",
+    "DevicePrefetcher": "stoker.device",
+    "TokenDataset": "stoker.loader.dataset",
+    "TokenLoader": "stoker.loader.fast",
+    "WorkerError": "stoker.loader.fast",
+    "cu_seqlens": "stoker.loader.masks",
+    "doc_starts": "stoker.loader.masks",
+}
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # the agent's and the coordinator's clients pull in protobuf / grpc: import them only
-    # when asked for, so that `import stoker` stays quick
-    if name == "AgentClient":
-        from stoker.cache.client import AgentClient
+    import importlib
 
-        return AgentClient
-    if name in ("CoordinatorClient", "LeaseRejected", "CoordinatorUnavailable"):
-        from stoker.coordinator import client
-
-        return getattr(client, name)
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # asked once
+        return value
     if name == "LeaseConfig":
         from stoker.coordinator.leases import Config
 

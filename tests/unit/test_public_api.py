@@ -77,3 +77,19 @@ def test_importing_stoker_does_not_initialise_torch_distributed(tmp_path: Path) 
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_the_services_start_without_torch() -> None:
+    # `import stoker`, the coordinator and the agent import no torch: it costs seconds, which
+    # coordinator="rank0" would add to the job's first batch; the loader's names still resolve
+    code = """
+        import sys
+        import stoker, stoker.cli, stoker.coordinator.cli, stoker.coordinator.service
+        import stoker.cache.agent
+        assert "torch" not in sys.modules, "torch imported"
+        assert stoker.TokenLoader.__name__ == "TokenLoader" and "torch" in sys.modules
+        print("ok")
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
