@@ -136,3 +136,13 @@ def test_a_lease_lost_in_a_coordinator_crash_is_dropped_and_its_positions_come_a
         confirm(positions, segments)
     assert stream.dropped == 1  # the lost lease, dropped instead of failing the reader
     assert sorted(confirmed) == list(range(40))  # every position once, none lost
+
+
+def test_the_confirm_window_shrinks_for_large_batches() -> None:
+    from stoker.loader.dynamic import CONFIRM_BYTES, CONFIRM_WINDOW, confirm_window
+
+    assert confirm_window(4, 150_000) == CONFIRM_WINDOW  # (8, 2049) batches: 64 of them
+    big = 64 * 8193 * 9  # (64, 8193) tokens and masks: 4.7 MB a batch
+    assert confirm_window(4, big) == CONFIRM_BYTES // big < CONFIRM_WINDOW
+    assert confirm_window(4, 10 * CONFIRM_BYTES) == 4  # never none
+    assert confirm_window(100, 150_000) == 100  # never below the loader's prefetch

@@ -88,8 +88,17 @@ def _consumer(ds: TokenDataset) -> dict[str, Any]:
 
 
 #: Batches a rank reads ahead while their confirms are in flight: one coordinator round
-#: trip and journal write (a few ms) then covers many batches.
-CONFIRM_WINDOW = 16
+#: trip and journal write (a few ms) then covers many batches. 64 rather than 16 took
+#: an epoch from 25 to 41 M tok/s with num_workers=0 (benchmarks/dynamic_bench.py's
+#: dataset, no training step); at most :data:`CONFIRM_BYTES` of batches wait.
+CONFIRM_WINDOW = 64
+CONFIRM_BYTES = 256 << 20
+
+
+def confirm_window(prefetch: int, batch_bytes: int) -> int:
+    """Batches read ahead of their confirms: :data:`CONFIRM_WINDOW`, fewer for large
+    batches (within :data:`CONFIRM_BYTES`, but at least 4 and ``prefetch``)."""
+    return max(prefetch, 4, min(CONFIRM_WINDOW, CONFIRM_BYTES // max(1, batch_bytes)))
 
 
 class _Confirmer:
@@ -279,7 +288,8 @@ class DynamicEpoch:
         held: list[Batch] = []
         pending: deque[tuple[Batch, Segments, Future[list[bool | None]]]] = deque()
         confirmer = _Confirmer(self.client, B)
-        window = max(self.prefetch, CONFIRM_WINDOW)
+        row = (self.ds.seq_len + 1) * (8 + (1 if self.ds.doc_starts else 0)) + 8
+        window = confirm_window(self.prefetch, B * row)  # tokens, masks, ids
 
         def hand_out() -> Iterator[Batch]:
             batch, segments, answer = pending.popleft()
