@@ -2,7 +2,7 @@
 
 With ``--torch`` the rank reads through torch's DataLoader instead (wrapped in
 ``stoker.Metered``), its samples passed through a transform that burns
-``--transform-ms`` of CPU each.
+``--transform-ms`` of CPU each (in worker ``--slow-worker`` only, if given).
 
 Prints "ready" once it has taken its first step (its metrics endpoint is up), then trains
 epoch after epoch until its standard input closes. With WORLD_SIZE > 1 it joins a gloo
@@ -27,15 +27,20 @@ import stoker
 
 
 class Transformed(IterableDataset):  # type: ignore[type-arg]
-    """``dataset``'s samples, each after ``cpu`` seconds of computation (a costly transform)."""
+    """``dataset``'s samples, each after ``cpu`` seconds of computation (a costly transform);
+    with ``only`` set, in that DataLoader worker alone (its share of the data is costly)."""
 
-    def __init__(self, dataset: stoker.TokenDataset, cpu: float) -> None:
-        self.dataset, self.cpu = dataset, cpu
+    def __init__(self, dataset: stoker.TokenDataset, cpu: float, only: int | None) -> None:
+        self.dataset, self.cpu, self.only = dataset, cpu, only
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        cpu = self.cpu if self.only is None or (info and info.id == self.only) else 0.0
         for sample in self.dataset:
             start = time.thread_time()
-            while time.thread_time() - start < self.cpu:
+            while time.thread_time() - start < cpu:
                 sample["tokens"].sum()
             yield sample
 
@@ -55,6 +60,7 @@ def main() -> int:
     ap.add_argument("--window-shards", type=int, default=16)
     ap.add_argument("--torch", action="store_true", help="torch DataLoader + stoker.Metered")
     ap.add_argument("--transform-ms", type=float, default=0.0, help="CPU per sample (--torch)")
+    ap.add_argument("--slow-worker", type=int, help="the transform costs in this worker only")
     a = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -73,7 +79,7 @@ def main() -> int:
         from torch.utils.data import DataLoader
 
         loader = stoker.Metered(
-            DataLoader(Transformed(ds, a.transform_ms / 1e3), batch_size=a.batch,
+            DataLoader(Transformed(ds, a.transform_ms / 1e3, a.slow_worker), batch_size=a.batch,
                        num_workers=a.workers, prefetch_factor=a.prefetch),
             metrics_port=a.metrics_port,
         )  # fmt: skip

@@ -1,6 +1,6 @@
 """`stoker doctor` against real jobs with a bottleneck induced for real: a healthy run, a
 cache smaller than the working set, decode-bound workers, an expensive transform in torch
-DataLoader workers, and one slowed rank (its storage
+DataLoader workers, one slow DataLoader worker, and one slowed rank (its storage
 through a rate-limited origin) in a gloo job. Each job is a real process serving its
 metrics; the doctor is the real CLI scraping them."""
 
@@ -117,6 +117,19 @@ def test_an_expensive_transform_in_dataloader_workers_is_named(
     d = doctor(port)
     assert d["bottleneck"] == "cpu", d
     assert "worker busy share" in " ".join(d["evidence"])
+
+
+def test_one_slow_dataloader_worker_is_named(dataset: Written, jobs: Jobs) -> None:
+    # two DataLoader workers; only worker 1's share of the data is costly (2 ms of CPU a
+    # sample). The loader takes batches from the workers in turn, so the rank waits for
+    # worker 1 while worker 0 idles ahead of it
+    port, proc = jobs.start(
+        "--dataset", str(dataset.path), "--torch", "--workers", "2", "--transform-ms", "2",
+        "--slow-worker", "1", "--step", "0.002",
+    )  # fmt: skip
+    jobs.ready(proc)
+    d = doctor(port)
+    assert (d["bottleneck"], d["rank"], d["worker"]) == ("straggler", "0", "1"), d
 
 
 def test_a_cache_smaller_than_the_working_set_is_named(
