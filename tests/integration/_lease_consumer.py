@@ -20,7 +20,7 @@ import sys
 import time
 
 from stoker._proto import coordinator_pb2 as pb
-from stoker.coordinator.client import CoordinatorClient, LeaseRejected
+from stoker.coordinator.client import CoordinatorClient
 
 
 def main() -> int:
@@ -45,27 +45,20 @@ def main() -> int:
         for lease in sorted(held):
             end, horizon, read = held[lease]
             while read < end:
-                try:
-                    if read >= horizon:  # ask for more read-ahead
-                        limits = client.heartbeat(cid, epoch, lease, read)
-                        for k, (e, h) in limits.items():
-                            if k in held:
-                                held[k][0], held[k][1] = e, h
-                        end, horizon = held[lease][0], held[lease][1]
-                        continue
-                    upto = min(read + step, end, horizon)
-                    limits = client.heartbeat(cid, epoch, lease, upto)
+                if read >= horizon:  # ask for more read-ahead
+                    limits = client.heartbeat(cid, epoch, lease, read)
                     for k, (e, h) in limits.items():
                         if k in held:
                             held[k][0], held[k][1] = e, h
-                    end = held[lease][0]
-                    client.confirm(cid, epoch, lease, upto)
-                except LeaseRejected as exc:
-                    # granted just before a coordinator crash that lost the grant: its
-                    # positions are in the restarted coordinator's queue; drop it
-                    if "is not held" not in str(exc):
-                        raise
-                    break
+                    end, horizon = held[lease][0], held[lease][1]
+                    continue
+                upto = min(read + step, end, horizon)
+                limits = client.heartbeat(cid, epoch, lease, upto)
+                for k, (e, h) in limits.items():
+                    if k in held:
+                        held[k][0], held[k][1] = e, h
+                end = held[lease][0]
+                client.confirm(cid, epoch, lease, upto)
                 os.write(fd, "".join(f"{p}\n" for p in range(read, upto)).encode())
                 os.fsync(fd)
                 delivered += upto - read

@@ -110,6 +110,47 @@ def test_coordinator_killed_mid_epoch_loses_and_repeats_nothing(
     assert counts[0] + counts[1] == counts[2] + counts[3] == 1000  # equal per rank
 
 
+def test_what_a_consumer_was_told_survives_a_kill_right_after(
+    tmp_path: Path, coordinators: Coordinators
+) -> None:
+    """Grants, steals and raised horizons are journaled before they are answered: a
+    coordinator SIGKILLed the moment after answering restarts knowing them."""
+    port = free_port()
+    args = ["--bind", f"127.0.0.1:{port}", "--state", str(tmp_path / "state"), "--world", "1",
+            "--num-samples", "400", "--lease-size", "200", "--timeout", "30"]  # fmt: skip
+    procs = [coordinators.start(*args)[0]]
+    address = f"127.0.0.1:{port}"
+    client = CoordinatorClient(address, retry_for=60)
+    a, epoch = client.register(0, 0)
+    b, _ = client.register(0, 1)
+
+    def kill_and_restart() -> None:
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        procs[0] = coordinators.start(*args)[0]
+
+    def read_some(consumer: int, r: Any) -> None:
+        limits = client.heartbeat(consumer, epoch, r.lease, r.start)
+        assert limits[r.lease][0] == r.end  # the lease as it was answered
+        kill_and_restart()  # the horizon it was told, too
+        upto = min(limits[r.lease][1], r.end, r.start + 10)
+        client.heartbeat(consumer, epoch, r.lease, upto)
+        client.confirm(consumer, epoch, r.lease, upto)
+
+    first = client.lease(a, epoch, [])  # a fresh lease
+    kill_and_restart()
+    read_some(a, first)
+    second = client.lease(b, epoch, [])  # the rest of the queue
+    kill_and_restart()
+    read_some(b, second)
+    stolen = client.lease(b, epoch, [second.lease])  # half of a's unread part
+    assert first.start < stolen.start < first.end
+    kill_and_restart()
+    read_some(b, stolen)
+    limits = client.heartbeat(a, epoch, first.lease, first.start + 10)
+    assert limits[first.lease][0] == stolen.start  # a's lease ends where the steal began
+
+
 def test_refusals_name_the_reason(tmp_path: Path, coordinators: Coordinators) -> None:
     _, address = coordinators.start(
         "--state", str(tmp_path / "s"), "--world", "2", "--num-samples", "100"

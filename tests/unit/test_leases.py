@@ -35,7 +35,6 @@ class LeaseMachine(RuleBasedStateMachine):
         self.table = LeaseTable(3, epoch_set, world, CFG, stream=stream)
         self.initial = set(members(epoch_set))
         self.delivered: Counter[int] = Counter()  # positions that reached training
-        self.lost_ids: set[int] = set()  # leases a crash lost
         self.now = 0.0
 
     def _tick(self, dt: float) -> float:
@@ -166,30 +165,6 @@ class LeaseMachine(RuleBasedStateMachine):
         replayed = LeaseTable.replay(journal, CFG)
         assert replayed.state() == self.table.state()
         self.table = replayed
-
-    @rule(dt=hs.floats(0, 3))
-    def coordinator_crash_loses_what_was_not_journaled(self, dt: float) -> None:
-        """Grants and heartbeats are answered before they are journaled: a crash loses
-        those after the last durable event (a registration or a confirm). The restarted
-        table refuses the lost leases, and never gives their ids to other leases."""
-        events = self.table.events
-        durable = [i for i, e in enumerate(events) if e.kind in ("begin", "register", "confirm",
-                                                                "batch", "revive", "expire")]  # fmt: skip
-        kept = events[: durable[-1] + 1] if durable else events[:1]
-        replayed = LeaseTable.replay([Event.from_json(e.to_json()) for e in kept], CFG)
-        lost = set(self.table.leases) - set(replayed.leases)  # granted (or split) since
-        replayed.revive(self._tick(dt))
-        for lid in lost:
-            holder = self.table.leases[lid].consumer
-            with pytest.raises(LeaseError) as err:
-                replayed.heartbeat(holder, self.now, lid, self.table.leases[lid].start)
-            assert err.value.code == "unknown_lease"
-        self.table = replayed
-        self.lost_ids |= lost
-
-    @invariant()
-    def lost_lease_ids_are_never_given_again(self) -> None:
-        assert not self.lost_ids & set(self.table.leases)
 
     @precondition(lambda self: self.table.consumed_count > 0)
     @rule(world=hs.integers(1, 3))

@@ -4,7 +4,6 @@ static split's positions exactly."""
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -62,80 +61,6 @@ def test_the_lease_stream_offers_the_same_interface() -> None:
         mine = inspect.signature(getattr(StaticSource, name))
         theirs = inspect.signature(getattr(LeaseStream, name))
         assert list(mine.parameters) == list(theirs.parameters), name
-
-
-class TableClient:
-    """A coordinator client answered by a lease table in this process (no gRPC)."""
-
-    def __init__(self, table: Any) -> None:
-        self.table, self.now, self.first_step = table, 0.0, 0
-
-    def _do(self, fn: Any, *args: Any) -> Any:
-        from stoker.coordinator.client import LeaseRejected
-        from stoker.coordinator.leases import LeaseError
-        from stoker.coordinator.service import _CODES
-
-        self.now += 0.01
-        try:
-            return fn(*args)
-        except LeaseError as exc:
-            raise LeaseRejected(_CODES[exc.code].name, str(exc)) from None
-
-    def register(self, rank: int, worker: int, **_: Any) -> tuple[int, int]:
-        return self._do(self.table.register, rank, worker, self.now), self.table.epoch
-
-    def lease(self, consumer: int, epoch: int, held: list[int]) -> Any:
-        from stoker._proto import coordinator_pb2 as pb
-        from stoker.coordinator.leases import WAIT
-
-        g = self._do(self.table.request, consumer, self.now, held)
-        if g is None:
-            return pb.LeaseReply(status=pb.LeaseReply.DONE)
-        if g is WAIT:
-            return pb.LeaseReply(status=pb.LeaseReply.WAIT)
-        return pb.LeaseReply(
-            status=pb.LeaseReply.GRANTED, lease=g.lease, start=g.start, end=g.end, horizon=g.horizon
-        )
-
-    def heartbeat(self, consumer: int, epoch: int, lease: int = 0, read: int = 0) -> Any:
-        return self._do(self.table.heartbeat, consumer, self.now, lease, read if lease else -1)
-
-    def confirm(self, consumer: int, lease: int, upto: int) -> bool:
-        return self._do(self.table.confirm, consumer, lease, upto, self.now)
-
-
-def test_a_lease_lost_in_a_coordinator_crash_is_dropped_and_its_positions_come_again() -> None:
-    from stoker.coordinator.client import LeaseRejected
-    from stoker.coordinator.leases import Config, LeaseTable
-
-    table = LeaseTable(0, [(0, 40)], 1, Config(lease_size=8, min_readahead=8))
-    client = TableClient(table)
-    stream = LeaseStream(client, 0, 0, wait=0.0)  # type: ignore[arg-type]
-    batches = stream.batches(4)
-    confirmed: list[int] = []
-
-    def confirm(positions: np.ndarray, segments: list[tuple[int, int, int]]) -> None:
-        row = 0
-        for lease, upto, rows in segments:
-            try:
-                client.confirm(stream.consumer, lease, upto)
-                confirmed.extend(positions[row : row + rows].tolist())
-            except LeaseRejected:  # its rows are dropped, not handed to training
-                pass
-            row += rows
-
-    for _ in range(2):  # the first lease, read and confirmed
-        confirm(*next(batches))
-    journaled = len(client.table.events)
-    crashed = next(batches)  # granted the second lease: answered, not yet journaled ...
-    # ... when the coordinator is killed; it restarts from its journal
-    client.table = LeaseTable.replay(client.table.events[:journaled], table.config)
-    client.table.revive(client.now)
-    confirm(*crashed)  # refused: the restarted coordinator never granted that lease
-    for positions, segments in batches:  # the stream's heartbeat on it is refused too
-        confirm(positions, segments)
-    assert stream.dropped == 1  # the lost lease, dropped instead of failing the reader
-    assert sorted(confirmed) == list(range(40))  # every position once, none lost
 
 
 def test_the_confirm_window_shrinks_for_large_batches() -> None:

@@ -3,7 +3,7 @@
 Any fsspec URL works. On object stores (no append there) each flush writes
 one new segment object, ``journal/<job>/<seq>.jsonl``, with one PUT, so a
 segment is whole or absent. On a local path a journal process appends to one
-segment of its own and fsyncs each flush (a directory of thousands of small
+segment of its own and syncs each flush (fdatasync) (a directory of thousands of small
 files would slow every flush); a crash can leave only its last line cut
 short, and a cut last line of the last segment is the one thing replay skips. A restarted coordinator reads the segments in
 order and replays them onto a fresh :class:`~stoker.coordinator.leases.LeaseTable`.
@@ -69,7 +69,7 @@ class Journal:
             self._file.write((HEADER + "\n").encode())
         self._file.write(lines.encode())
         self._file.flush()
-        os.fsync(self._file.fileno())
+        os.fdatasync(self._file.fileno())  # the data and the size it needs to be read
         return self._seq
 
     def close(self) -> None:

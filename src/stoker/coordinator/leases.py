@@ -105,10 +105,6 @@ class Grant:
 #: rank still has positions to come (they are in other consumers' leases): ask again.
 WAIT = Grant(0, 0, 0, 0)
 
-#: How far a restarted coordinator moves its lease numbering past the journal's: more
-#: than it could grant between two journal writes.
-REVIVE_GAP = 1 << 20
-
 
 @dataclass
 class Config:
@@ -492,15 +488,10 @@ class LeaseTable:
 
     def revive(self, now: float) -> None:
         """Count every live consumer as seen now (a restarted coordinator gives them a
-        full timeout to reach it before their leases go back to the queue), and number
-        new leases past :data:`REVIVE_GAP`: grants are not journaled before they are
-        answered, so the ones of the last moments before a crash are unknown here and
-        their ids must not name other leases (a consumer may still use them; the table
-        refuses them as unknown, and the consumer drops them)."""
+        full timeout to reach it before their leases go back to the queue)."""
         for c in self.consumers.values():
             if c.alive:
                 c.last_seen = now
-        self._next_lease += REVIVE_GAP
         self._record("revive", now)
 
     # -- views ---------------------------------------------------------------------------

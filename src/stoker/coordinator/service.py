@@ -227,10 +227,14 @@ class Coordinator(pb_grpc.CoordinatorServicer):
     def _call(self, context: grpc.ServicerContext, fn: Any, durable: bool, method: str = "") -> Any:
         """Run ``fn`` on the table; a ``durable`` call answers only once it is journaled.
 
-        Confirms and registrations are durable: a consumer acts on them (hands a batch
-        to training, uses its id). A grant or heartbeat lost in a crash is harmless: the
-        restarted coordinator refuses the lease's confirms, so its rows are dropped and
-        delivered by whoever gets the positions next.
+        Every call a consumer acts on is durable: a registration (it uses the id), a
+        grant (it reads the lease), a heartbeat (it reads to the horizon, stops at a cut
+        end) and a confirm (it hands the batch to training). A restarted coordinator
+        then knows everything its consumers were told: an answer lost in a crash was
+        never acted on, and a retried Lease gets the lost grant first. (Were a grant or
+        a steal lost, the consumer's view and the table's would part: rows refused, or
+        positions no one reads.) Group commit makes the cost one journal write per
+        batch of calls waiting together.
         """
         t = time.perf_counter()
         try:
@@ -321,12 +325,12 @@ class Coordinator(pb_grpc.CoordinatorServicer):
 
     # -- RPCs (continued) -----------------------------------------------------------------
     def Lease(self, request: pb.LeaseRequest, context: grpc.ServicerContext) -> pb.LeaseReply:
-        return self._call(context, lambda: self._lease(request), False, "Lease")
+        return self._call(context, lambda: self._lease(request), True, "Lease")
 
     def Heartbeat(
         self, request: pb.HeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.HeartbeatReply:
-        return self._call(context, lambda: self._heartbeat(request), False, "Heartbeat")
+        return self._call(context, lambda: self._heartbeat(request), True, "Heartbeat")
 
     def Confirm(self, request: pb.ConfirmRequest, context: grpc.ServicerContext) -> pb.ConfirmReply:
         return self._call(context, lambda: self._confirm(request), True, "Confirm")
@@ -354,7 +358,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                 try:
                     out = handler(getattr(call, kind))
                     results.append(pb.Result(**{kind: out}))
-                    durable |= kind in ("confirm", "confirm_batch")
+                    durable |= kind in ("lease", "heartbeat", "confirm", "confirm_batch")
                 except LeaseError as exc:
                     code = _CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT).name
                     results.append(pb.Result(error=pb.CallError(code=code, message=str(exc))))

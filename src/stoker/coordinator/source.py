@@ -49,7 +49,6 @@ class LeaseStream:
         self.wait = wait
         self._who = (rank, worker, node, stream, local)
         self.reregistered = 0
-        self.dropped = 0  # leases the coordinator did not know after its restart
         self._register(min_epoch)
         self._held: dict[int, _Held] = {}
         self._last: int | None = None  # the lease the last batch ended in
@@ -78,19 +77,10 @@ class LeaseStream:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A lease or heartbeat call; None when this consumer had expired (it was silent
         past the coordinator's timeout, e.g. a long pause): its leases went back to the
-        queue, so it registers again, holding nothing, and carries on. Also None when a
-        heartbeat names a lease the coordinator does not know: it granted it just before
-        a crash, and its restart lost the grant (grants are answered before they are
-        journaled). The lease is dropped: its positions are still in the coordinator's
-        queue, and its rows read but not confirmed are refused at their confirm."""
+        queue, so it registers again, holding nothing, and carries on."""
         try:
             return fn(self.consumer, self.epoch, *args)
         except LeaseRejected as exc:
-            if fn == self.client.heartbeat and args and "is not held" in str(exc):
-                self._held.pop(args[0], None)
-                self._granted.discard(args[0])
-                self.dropped += 1
-                return None
             if "expired" not in str(exc):
                 raise
         epoch = self.epoch
