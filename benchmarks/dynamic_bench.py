@@ -32,7 +32,6 @@ dataset for one round and leaves docs/benchmarks.md alone.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import json
 import os
@@ -59,6 +58,7 @@ WORK = BENCH / ".work" / "dynamic_bench"
 CORPUS = BENCH / ".work"  # where benchmarks/corpus.py writes tokens.u16 and doc_lens.npy
 sys.path.insert(0, str(BENCH))
 from docsection import replace_section  # noqa: E402
+from machine import git_info, lscpu  # noqa: E402
 
 HEADING = "## Dynamic loader: coordinator leases vs the static plan"
 SEQ_LEN, BATCH, SEED = 2048, 8, 0
@@ -296,21 +296,10 @@ def machine_info() -> dict[str, Any]:
         "grpcio": grpc.__version__,
         "stoker": stoker.__version__,
     }
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in lscpu.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() in ("Model name", "Architecture", "Hypervisor vendor"):
-                info[k.strip()] = v.strip()
-    with contextlib.suppress(OSError):
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        if head:
-            info["git"] = head + (" with uncommitted changes in src/" if dirty else "")
+    info.update(lscpu(("Model name", "Architecture", "Hypervisor vendor")))
+    git = git_info()
+    if git:
+        info["git"] = git
     return info
 
 

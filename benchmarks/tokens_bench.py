@@ -55,6 +55,7 @@ PY_PEERS = ROOT / ".venv-peers" / "bin" / "python"
 
 sys.path.insert(0, str(BENCH))
 from docsection import replace_section  # noqa: E402
+from machine import git_info, lscpu  # noqa: E402
 from peers import SYSTEMS  # noqa: E402
 from peers.common import BATCH, SEQ_LEN, WINDOW, Corpus, dir_bytes  # noqa: E402
 
@@ -466,14 +467,7 @@ def adapter_facts(keys: list[str]) -> dict[str, dict[str, Any]]:
 
 def machine_info() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "kernel": platform.release()}
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in lscpu.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() in ("Model name", "CPU(s)", "Architecture", "Hypervisor vendor"):
-                info[k.strip()] = v.strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
+    info.update(lscpu())
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/meminfo") as f:
             kb = int(f.readline().split()[1])
@@ -483,22 +477,6 @@ def machine_info() -> dict[str, Any]:
         v = subprocess.run([nginx, "-v"], capture_output=True, text=True)
         info["nginx"] = (v.stderr or v.stdout).strip().replace("nginx version: ", "")
     return info
-
-
-def git_info() -> str | None:
-    """Commit of the checkout and whether src/ differs from it (what stoker was measured)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        return None
-    if not head:
-        return None
-    return head + (" with uncommitted changes in src/" if dirty else "")
 
 
 def start_origin(root: Path) -> tuple[Any, str | None]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from stoker.metrics import METRICS, serve_once, timed
+from stoker.metrics import serve_once, timed
 
 
 class Metered:
@@ -76,17 +76,9 @@ class Metered:
 
     def stats(self) -> dict[str, Any]:
         """This rank's figures, as :meth:`stoker.TokenLoader.stats` gives them."""
-        from stoker.metrics_export import with_exported
+        from stoker.metrics_export import rank_stats
 
-        rank = self._rank()[0]
-        out = METRICS.loader(rank).summary()
-        total, workers = with_exported(METRICS.snapshot())
-        out["storage"] = {k: v for k, v in total["storage"].items() if k != "latency"}
-        busy = [ba for (r, _), ba in workers.items() if r == rank]
-        if busy:  # the DataLoader's workers (they report through their files)
-            alive = sum(a for _, a in busy)
-            out["worker_busy_share"] = sum(b for b, _ in busy) / alive if alive > 0 else None
-        return out
+        return rank_stats(self._rank()[0])
 
     def __getattr__(self, name: str) -> Any:
         if name == "loader":  # not set yet (unpickling)

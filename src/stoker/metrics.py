@@ -127,10 +127,6 @@ class Metrics:
         with self.lock:
             self.storage[name] += 1
 
-    def storage_snapshot(self) -> dict[str, Any]:
-        with self.lock:
-            return {**self.storage, "latency": self.storage_latency.to_dict()}
-
     # -- loaders ---------------------------------------------------------------------
     def loader(self, rank: int) -> LoaderStats:
         with self.lock:

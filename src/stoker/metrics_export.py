@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from stoker.metrics import METRICS, combine, delta
@@ -117,6 +118,20 @@ def busy_seconds(
     return min(alive, inside + outside_cpu + outside_delay)
 
 
+def exported(samples: Iterator[Any], export: WorkerExport) -> Iterator[Any]:
+    """``samples`` of a DataLoader worker's iteration, its busy time counted into
+    ``export`` (the time inside ``samples``, and what the worker does between them)."""
+    t = time.perf_counter()
+    try:
+        for sample in samples:
+            export.produced(t)
+            yield sample
+            export.resumed()
+            t = time.perf_counter()
+    finally:
+        export.write()
+
+
 _current: WorkerExport | None = None
 
 
@@ -173,12 +188,12 @@ class Exported:
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
-        self.lock = threading.Lock()  # another thread may have held it at the fork
+        # a forked child's workers are its own; another thread may have held the lock
+        self.lock = threading.Lock()
+        self.pid, self.retired, self.swept = os.getpid(), [], False
 
     def read(self) -> list[dict[str, Any]]:
         with self.lock:
-            if self.pid != os.getpid():  # a forked child: its workers are its own
-                self.pid, self.retired, self.swept = os.getpid(), [], False
             if not self.swept:
                 self.swept = True
                 _sweep()
@@ -218,6 +233,22 @@ def with_exported(
         acc[0] += body["busy"]
         acc[1] += body["alive"]
     return total, workers
+
+
+def rank_stats(rank: int) -> dict[str, Any]:
+    """``rank``'s stall and throughput figures (what ``/metrics`` shows, as numbers), this
+    process's storage counters, and the workers' busy share, DataLoader workers included."""
+    stats = METRICS.loader(rank)
+    out = stats.summary()
+    total, workers = with_exported(METRICS.snapshot())
+    out["storage"] = {k: v for k, v in total["storage"].items() if k != "latency"}
+    with METRICS.lock:
+        busy, alive = sum(stats.busy.values()), sum(stats.alive.values())
+    for (r, _), (b, a) in workers.items():
+        if r == rank:
+            busy, alive = busy + b, alive + a
+    out["worker_busy_share"] = busy / alive if alive > 0 else None
+    return out
 
 
 def _fold(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:

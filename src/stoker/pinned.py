@@ -21,8 +21,8 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -37,6 +37,44 @@ class Event(Protocol):
     def query(self) -> bool: ...
 
     def synchronize(self) -> None: ...
+
+
+T = TypeVar("T")
+
+
+class _InFlight(Generic[T]):
+    """Items a copy still reads, each until its event completes, in release order."""
+
+    def __init__(self) -> None:
+        self._q: deque[tuple[T, Event]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[T]:
+        return (item for item, _ in self._q)
+
+    def add(self, item: T, event: Event) -> None:
+        self._q.append((item, event))
+
+    def done(self) -> list[T]:
+        """Take out the items whose event completed."""
+        done: list[T] = []
+        left: deque[tuple[T, Event]] = deque()
+        for item, event in self._q:
+            if event.query():
+                done.append(item)
+            else:
+                left.append((item, event))
+        self._q = left
+        return done
+
+    def wait(self) -> list[T] | None:
+        """Wait for the oldest item's event, then :meth:`done`; None if there is none."""
+        if not self._q:
+            return None
+        self._q[0][1].synchronize()
+        return self.done()
 
 
 class PinnedPool:
@@ -64,7 +102,7 @@ class PinnedPool:
         self._alloc = alloc or (lambda s, d: torch.empty(s, dtype=d, pin_memory=pinned))
         self._free: dict[Key, list[torch.Tensor]] = {}
         self._held: dict[int, tuple[Key, torch.Tensor]] = {}  # id(buffer) -> (key, buffer)
-        self._busy: deque[tuple[Key, torch.Tensor, Event]] = deque()  # in release order
+        self._busy: _InFlight[tuple[Key, torch.Tensor]] = _InFlight()
         self.allocations = 0
         self.acquisitions = 0
 
@@ -112,24 +150,24 @@ class PinnedPool:
         if event is None:
             self._free.setdefault(entry[0], []).append(buf)
         else:
-            self._busy.append((entry[0], buf, event))
+            self._busy.add(entry, event)
 
     def reap(self) -> int:
         """Free the busy buffers whose event completed; how many."""
-        done = [e for e in self._busy if e[2].query()]
-        if done:
-            self._busy = deque(e for e in self._busy if not any(e is d for d in done))
-        for key, buf, _ in done:
-            self._free.setdefault(key, []).append(buf)
-        return len(done)
+        return self._freed(self._busy.done())
 
     def wait(self) -> bool:
         """Wait for the oldest busy buffer's event and free what completed; False if none is busy."""
-        if not self._busy:
+        done = self._busy.wait()
+        if done is None:
             return False
-        self._busy[0][2].synchronize()
-        self.reap()
+        self._freed(done)
         return True
+
+    def _freed(self, entries: list[tuple[Key, torch.Tensor]]) -> int:
+        for key, buf in entries:
+            self._free.setdefault(key, []).append(buf)
+        return len(entries)
 
     def close(self) -> None:
         """Wait for every copy in flight and drop all buffers (held ones stay the holder's)."""
@@ -175,7 +213,7 @@ class Loans:
     def __init__(self) -> None:
         self._out: dict[int, int] = {}  # owner -> loans not given back
         self._unsettled: list[Loan] = []
-        self._settled: deque[tuple[Loan, Event]] = deque()  # in settle order
+        self._settled: _InFlight[Loan] = _InFlight()
         self.closed = False
         self.lent = 0
         self.returned = 0
@@ -203,7 +241,7 @@ class Loans:
         if event is None:
             self._return(loan)
         else:
-            self._settled.append((loan, event))
+            self._settled.add(loan, event)
 
     def _return(self, loan: Loan) -> None:
         self._out[loan.owner] -= 1
@@ -212,28 +250,28 @@ class Loans:
 
     def reap(self) -> int:
         """Give back the slots whose copy's event completed; how many."""
-        done = [entry for entry in self._settled if entry[1].query()]
-        if done:
-            self._settled = deque(e for e in self._settled if not any(e is d for d in done))
-        for loan, _ in done:
-            self._return(loan)
-        return len(done)
+        return self._returned(self._settled.done())
 
     def wait(self) -> bool:
         """Wait for the oldest settled loan's event and give back what completed;
         False if none is settled."""
-        if not self._settled:
+        done = self._settled.wait()
+        if done is None:
             return False
-        self._settled[0][1].synchronize()
-        self.reap()
+        self._returned(done)
         return True
+
+    def _returned(self, loans: list[Loan]) -> int:
+        for loan in loans:
+            self._return(loan)
+        return len(loans)
 
     def close(self, give_back: bool = True) -> None:
         """Wait for every copy in flight and give every slot back (a loan never settled:
         its batch reached no copy); with ``give_back=False`` the slots are only counted
         back (their owners are being stopped and would fill them again)."""
         if not give_back:
-            for loan, _ in self._settled:
+            for loan in self._settled:
                 loan.give_back = _nothing
             for loan in self._unsettled:
                 loan.give_back = _nothing

@@ -155,3 +155,21 @@ def test_persistent_workers_count_every_epoch_once(serve_dir, small_dataset: Wri
             before, "stoker_storage_read_bytes_total"
         )
         assert got == sum(r.bytes_sent for r in log)
+
+
+def test_token_loader_stats_count_what_training_took(small_dataset: Written) -> None:
+    from stoker import TokenLoader
+
+    ds = TokenDataset(
+        str(small_dataset.path), SEQ_LEN, batch_size=4, shard_size=8, window_shards=4, seed=7
+    )
+    loader = TokenLoader(ds, num_workers=2)
+    before = loader.stats()
+    batches = [b["sample_id"].tolist() for b in loader]
+    after = loader.stats()
+    assert_exactly_once([i for b in batches for i in b], ds.num_samples)
+    assert after["batches"] - before["batches"] == len(batches)
+    assert after["samples"] - before["samples"] == ds.num_samples
+    assert after["tokens"] - before["tokens"] == ds.num_samples * (SEQ_LEN + 1)
+    assert 0.0 < after["worker_busy_share"] <= 1.0  # its two workers reported
+    assert after["storage"]["bytes"] > before["storage"]["bytes"]  # read by the workers

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from stoker.loader import state as st
 from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.distributed import Placement, detect
 from stoker.loader.sources import StaticSource
-from stoker.metrics_export import worker_export
+from stoker.metrics_export import exported, worker_export
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
@@ -259,12 +258,16 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from torch.utils.data import get_worker_info
 
+        if get_worker_info() is None:
+            return self._samples()
+        # a torch DataLoader worker: its counts reach the parent's /metrics by file
+        pl = self._placement()
+        return exported(self._samples(), worker_export(pl.rank, pl.worker))
+
+    def _samples(self) -> Iterator[dict[str, Any]]:
         pl = self._placement()
         progress, skip = self._start(pl)
         reader = self._reader()
-        # in a torch DataLoader worker: its counts reach the parent's /metrics by file
-        export = worker_export(pl.rank, pl.worker) if get_worker_info() is not None else None
-        t = time.perf_counter()
         try:
             chunks = self._id_chunks(progress, pl.rank, pl.worker, pl.num_workers, skip, PLAN_CHUNK)
             tail = self._next_epoch_chunks(progress, pl.rank, pl.worker, pl.num_workers, PLAN_CHUNK)
@@ -282,16 +285,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
                             self._worker["yielded"] += 1
                         else:
                             progress.consumed += 1
-                        if export is not None:
-                            export.produced(t)
                         yield item
-                        if export is not None:
-                            export.resumed()
-                        t = time.perf_counter()
         finally:
             reader.close()
-            if export is not None:
-                export.write()
         self._finish_epoch(progress)
 
     def _arena_slots(self) -> int:

@@ -47,7 +47,8 @@ from stoker.errors import ConfigError, StateError, StokerError
 from stoker.loader import state as st
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.distributed import Placement
-from stoker.metrics import METRICS, WorkerMeter, apply_worker, serve_once, timed
+from stoker.metrics import WorkerMeter, apply_worker, serve_once, timed
+from stoker.metrics_export import rank_stats
 from stoker.pinned import Lent, Loans, register
 
 if TYPE_CHECKING:
@@ -359,10 +360,7 @@ class TokenLoader:
         ``step_seconds`` (training working), ``stall_share``, batches and tokens per
         second of that span, ``ready_batches`` and the workers' ``worker_busy_share``;
         plus this process's storage counters."""
-        rank = self.dataset._placement().rank
-        out = METRICS.loader(rank).summary()
-        out["storage"] = {k: v for k, v in METRICS.storage_snapshot().items() if k != "latency"}
-        return out
+        return rank_stats(self.dataset._placement().rank)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """Each batch (on ``device``, if given), in order."""

@@ -1,0 +1,39 @@
+"""What the benchmarks record about where they ran: the CPU (lscpu) and the commit."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lscpu(keys: tuple[str, ...] = ("Model name", "CPU(s)", "Architecture", "Hypervisor vendor")
+          ) -> dict[str, str]:  # fmt: skip
+    """Those fields of ``lscpu`` (none where it is missing)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    info = {}
+    for line in out.splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() in keys:
+            info[k.strip()] = v.strip()
+    return info
+
+
+def git_info() -> str | None:
+    """Commit of the checkout and whether src/ differs from it (what stoker was measured)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return None
+    if not head:
+        return None
+    return head + (" with uncommitted changes in src/" if dirty else "")
