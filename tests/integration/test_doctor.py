@@ -160,6 +160,7 @@ def test_a_cache_smaller_than_the_working_set_is_named(
         d = doctor(port, agent_port)  # the rank's endpoint and its node agent's
         assert d["bottleneck"] == "cache", d
     finally:
+        jobs.close()  # first: a reader whose agent is gone would start one of its own
         agent.terminate()  # a clean exit removes its shared memory
         agent.wait(timeout=30)
 
