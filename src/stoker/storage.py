@@ -5,16 +5,27 @@ for ``read_range(path, start, stop)``. The fsspec filesystem behind it is made
 lazily in each process and remade after ``fork``, so a DataLoader worker never
 shares its parent's connections or event loop.
 
+Time: every read has an overall deadline (:attr:`RetryPolicy.deadline`, 120 s by
+default) that covers all its attempts and the waits between them, on top of the
+connect and per-socket-read timeouts. stoker's own HTTP client cuts a request off
+at the deadline (a watchdog shuts its socket down); fsspec's asynchronous
+filesystems (HTTP through aiohttp, S3 through aiobotocore, GCS, ...) run each call
+under ``asyncio.wait_for`` with the time left. Local files and fsspec's
+synchronous filesystems have no deadline (a hung mount hangs the read).
+
 Errors: a missing file raises ``FileNotFoundError``; a host that cannot be
-reached raises :class:`UnreachableError` after a couple of quick tries (it
-never hangs: connect and read timeouts are always set); other failures are
-retried with exponential backoff and then raise :class:`StorageError`.
+reached raises :class:`UnreachableError` after a couple of quick tries; missing
+S3 credentials and a 4xx answer other than 408 and 429 raise
+:class:`StorageError` at once; other failures are retried with capped,
+jittered exponential backoff until the attempts or the deadline run out, and
+then raise :class:`StorageError` naming the URL.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import random
 import socket
 import threading
 import time
@@ -24,10 +35,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
-from stoker._httpfs import HTTPFS
+from stoker._httpfs import HTTPFS, DeadlineExceeded
 from stoker._localfs import LocalFS
-from stoker.errors import StorageError, UnreachableError
+from stoker.errors import ConfigError, StokerError, StorageError, UnreachableError
 from stoker.metrics import METRICS
 
 T = TypeVar("T")
@@ -45,16 +57,57 @@ _UNREACHABLE_HINTS = (
 )
 
 
+_CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError")
+
+_CREDENTIAL_HINT = (
+    "no AWS credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+    "(or AWS_PROFILE, with AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE), or pass "
+    "storage_options={'key': ..., 'secret': ...}; storage_options={'anon': True} reads a "
+    "public bucket"
+)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How storage retries. Timeouts are seconds."""
+    """How storage retries, and how long one read may take. Times are seconds.
 
-    attempts: int = 5
+    ``deadline`` bounds one read as a whole: every attempt, however slowly the
+    origin sends, and the waits between them. Transient failures (5xx, 408, 429,
+    resets, truncated or trickling bodies cut off) are retried until
+    ``attempts`` attempts were made or the deadline would pass; the wait before
+    retry ``k`` is ``min(max_backoff, backoff * 2**(k-1))`` times a random factor
+    in ``[0.5, 1)``. A host that refuses connections is tried
+    ``unreachable_attempts`` times. ``connect_timeout`` and ``read_timeout``
+    bound connecting and each socket read. Every value must be positive
+    (:class:`~stoker.errors.ConfigError` otherwise).
+    """
+
+    attempts: int = 20
     backoff: float = 0.1
     max_backoff: float = 5.0
     unreachable_attempts: int = 2
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
+    deadline: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("attempts", "unreachable_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"RetryPolicy.{name} must be an integer >= 1, got {value!r}")
+        for name in ("backoff", "max_backoff", "connect_timeout", "read_timeout", "deadline"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"RetryPolicy.{name} must be > 0 seconds, got {value!r}")
+
+    def wait(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (1 for the first retry)."""
+        cap = min(self.max_backoff, self.backoff * 2 ** min(attempt - 1, 60))
+        return cap * (0.5 + random.random() / 2)
+
+
+class _Fatal(StorageError):
+    """A failure that retrying cannot fix (the message says why)."""
 
 
 @dataclass
@@ -83,10 +136,25 @@ def split_url(url: str) -> tuple[str, str]:
     return protocol, url if protocol in ("http", "https") else rest
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen and len(seen) < 8:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
 def _classify(exc: BaseException) -> str:
-    """'missing', 'unreachable', 'fatal' or 'transient'."""
+    """'missing', 'unreachable', 'credentials', 'deadline', 'fatal' or 'transient'."""
     if isinstance(exc, FileNotFoundError):
         return "missing"
+    if isinstance(exc, _Fatal):
+        return "fatal"
+    if any(type(e).__name__ in _CREDENTIAL_ERRORS for e in _chain(exc)):
+        return "credentials"
+    if isinstance(exc, DeadlineExceeded) or type(exc).__name__ == "FSTimeoutError":
+        return "deadline"  # cut off at the read's deadline
     if isinstance(
         exc,
         (
@@ -123,6 +191,10 @@ class Storage:
         self.url = url.rstrip("/")
         self.protocol, self.root = split_url(self.url)
         self.storage_options = dict(storage_options or {})
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(
+                f"retry must be a stoker.RetryPolicy, got {type(retry).__name__} ({retry!r})"
+            )
         self.retry = retry or RetryPolicy()
         self.max_inflight = max_inflight
         self.stats = StorageStats()
@@ -164,9 +236,14 @@ class Storage:
                 if self._fs is None:
                     import fsspec
 
-                    fs = fsspec.filesystem(
-                        self.protocol, skip_instance_cache=True, **self._options()
-                    )
+                    try:
+                        fs = fsspec.filesystem(
+                            self.protocol, skip_instance_cache=True, **self._options()
+                        )
+                    except ImportError as exc:  # an optional backend (stoker[s3], ...)
+                        from stoker.extras import backend_error
+
+                        raise backend_error(self.protocol, self.url, exc) from exc
                     if self.protocol in ("s3", "s3a"):
                         fs.retries = 1  # stoker retries (with backoff) itself
                     self._fs = fs
@@ -193,7 +270,7 @@ class Storage:
 
             opts["client_kwargs"] = {
                 "timeout": aiohttp.ClientTimeout(
-                    total=None, connect=r.connect_timeout, sock_read=r.read_timeout
+                    total=r.deadline, connect=r.connect_timeout, sock_read=r.read_timeout
                 )
             }
         if self.protocol in ("s3", "s3a"):
@@ -207,51 +284,102 @@ class Storage:
     # -- paths ---------------------------------------------------------------
     def full(self, path: str) -> str:
         if self.protocol in ("http", "https"):
-            return f"{self.root}/{path}"
+            # Quoted, so that the origin's %-decoding gives back this very path: a
+            # "%2e%2e" in a manifest path names a file called that, never "..".
+            return f"{self.root}/{quote(path, safe='/')}"
         return posixpath.join(self.root, path)
 
     def url_of(self, path: str) -> str:
         return f"{self.url}/{path}"
 
-    # -- reads ---------------------------------------------------------------
-    def _with_retries(self, what: str, fn: Callable[[], T]) -> T:
+    # -- calls ---------------------------------------------------------------
+    def _call(self, name: str, deadline: float, *args: Any, **kwargs: Any) -> Any:
+        """``fs.<name>(*args, **kwargs)``, cut off at ``deadline`` where the filesystem allows."""
+        fs = self.fs
+        if isinstance(fs, HTTPFS):
+            return getattr(fs, name)(*args, deadline=deadline, **kwargs)
+        if getattr(fs, "async_impl", False) and hasattr(fs, f"_{name}"):
+            from fsspec.asyn import sync
+
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(f"{args[0]}: the deadline passed before the request")
+            return sync(fs.loop, getattr(fs, f"_{name}"), *args, timeout=left, **kwargs)
+        return getattr(fs, name)(*args, **kwargs)
+
+    def _with_retries(self, what: str, fn: Callable[[float], T]) -> T:
+        """``fn(deadline)`` until it succeeds, retrying as the policy says."""
         r = self.retry
+        begin = time.monotonic()
+        deadline = begin + r.deadline
         attempt = 0
         unreachable = 0
         while True:
             try:
-                return fn()
+                return fn(deadline)
             except Exception as exc:
+                if isinstance(exc, StokerError) and not isinstance(exc, StorageError):
+                    raise  # a configuration error (a missing backend, ...): retrying cannot help
                 kind = _classify(exc)
                 self.stats.errors += 1
                 METRICS.storage_event("errors")
+                cause = f"{type(exc).__name__}: {exc}"
                 if kind == "missing":
                     raise FileNotFoundError(f"{what}: not found") from exc
+                if kind == "credentials":
+                    raise StorageError(f"{what}: {_CREDENTIAL_HINT} ({cause})") from exc
+                if isinstance(exc, _Fatal):
+                    raise StorageError(str(exc)) from exc
                 if kind == "fatal":
-                    raise StorageError(f"{what}: {type(exc).__name__}: {exc}") from exc
+                    raise StorageError(f"{what}: {cause}") from exc
                 attempt += 1
+                now = time.monotonic()
+                if kind == "deadline" or now >= deadline:
+                    raise StorageError(
+                        f"{what}: no complete answer within the {r.deadline:g} s deadline "
+                        f"(RetryPolicy.deadline; {attempt} attempt(s), the last: {cause})"
+                    ) from exc
                 if kind == "unreachable":
                     unreachable += 1
                     if unreachable >= r.unreachable_attempts:
                         raise UnreachableError(
-                            f"{what}: cannot reach the storage at {self.url} "
-                            f"({type(exc).__name__}: {exc})"
+                            f"{what}: cannot reach the storage at {self.url} ({cause})"
                         ) from exc
                 if attempt >= r.attempts:
                     raise StorageError(
-                        f"{what}: failed after {attempt} attempts ({type(exc).__name__}: {exc})"
+                        f"{what}: failed after {attempt} attempts ({cause})"
+                    ) from exc
+                wait = r.wait(attempt)
+                if now + wait >= deadline:
+                    raise StorageError(
+                        f"{what}: failed after {attempt} attempts in {now - begin:.1f} s, and "
+                        f"the {r.deadline:g} s deadline (RetryPolicy.deadline) leaves no time "
+                        f"for another ({cause})"
                     ) from exc
                 self.stats.retries += 1
                 METRICS.storage_event("retries")
-                time.sleep(min(r.max_backoff, r.backoff * 2 ** (attempt - 1)))
+                time.sleep(wait)
 
+    def _wire_start(self) -> None:
+        fs = self.fs
+        if isinstance(fs, HTTPFS):
+            fs.take_wire_bytes()
+
+    def _wire_bytes(self, returned: int) -> int:
+        """Bytes that crossed the network for the read just done (``returned`` if unknown)."""
+        fs = self.fs
+        return fs.take_wire_bytes() if isinstance(fs, HTTPFS) else returned
+
+    # -- reads ---------------------------------------------------------------
     def read(self, path: str) -> bytes:
         """A whole file."""
         full = self.full(path)
         t = time.perf_counter()
-        data = self._with_retries(self.url_of(path), lambda: self.fs.cat_file(full))
-        self.stats.add(len(data))
-        METRICS.storage_read(len(data), time.perf_counter() - t)
+        self._wire_start()
+        data = self._with_retries(self.url_of(path), lambda d: self._call("cat_file", d, full))
+        wire = self._wire_bytes(len(data))
+        self.stats.add(wire)
+        METRICS.storage_read(wire, time.perf_counter() - t)
         return bytes(data)
 
     def read_range(self, path: str, start: int, stop: int) -> bytes:
@@ -259,25 +387,36 @@ class Storage:
         full = self.full(path)
         where = f"{self.url_of(path)} bytes [{start}, {stop})"
 
-        def get() -> bytes:
-            data = self.fs.cat_file(full, start=start, end=stop)
+        def get(deadline: float) -> bytes:
+            data = self._call("cat_file", deadline, full, start=start, end=stop)
+            if len(data) > stop - start:
+                raise _Fatal(
+                    f"{where}: the origin ignored the Range header and sent {len(data)} bytes "
+                    "(the whole file); serve the dataset with a server that supports byte "
+                    "ranges, or read it without storage_options (stoker's own HTTP client "
+                    "downloads each such file once and reads blocks from that copy)"
+                )
             if len(data) != stop - start:
+                if self.protocol == "file":  # a local file that ends early will not grow
+                    raise _Fatal(f"{where}: the file ends after {len(data)} of these bytes")
                 raise StorageError(f"{where}: short read of {len(data)} bytes")
             return bytes(data)
 
         t = time.perf_counter()
+        self._wire_start()
         data = self._with_retries(where, get)
-        self.stats.add(len(data))
-        METRICS.storage_read(len(data), time.perf_counter() - t)
+        wire = self._wire_bytes(len(data))
+        self.stats.add(wire)
+        METRICS.storage_read(wire, time.perf_counter() - t)
         return data
 
     def exists(self, path: str) -> bool:
         full = self.full(path)
-        return bool(self._with_retries(self.url_of(path), lambda: self.fs.exists(full)))
+        return bool(self._with_retries(self.url_of(path), lambda d: self._call("exists", d, full)))
 
     def size(self, path: str) -> int:
         full = self.full(path)
-        return int(self._with_retries(self.url_of(path), lambda: self.fs.size(full)))
+        return int(self._with_retries(self.url_of(path), lambda d: self._call("size", d, full)))
 
     # -- writes --------------------------------------------------------------
     def open_write(self, path: str) -> Any:
@@ -302,7 +441,7 @@ class Storage:
                 os.fsync(fh.fileno())
             os.replace(tmp, full)
             return
-        self._with_retries(self.url_of(path), lambda: self.fs.pipe_file(full, data))
+        self._with_retries(self.url_of(path), lambda d: self._call("pipe_file", d, full, data))
 
     def remove(self, path: str) -> None:
         try:
