@@ -79,13 +79,18 @@ def _load_proc(
 
     from stoker._proto import coordinator_pb2 as pb
     from stoker._proto import coordinator_pb2_grpc as pb_grpc
+    from stoker.coordinator.client import find_token
+
+    md = [("authorization", f"Bearer {find_token(address)}")]  # every call needs the token
 
     async def go() -> dict[str, Any]:
         async with grpc.aio.insecure_channel(address) as channel:
             stub = pb_grpc.CoordinatorStub(channel)
             ids = []
             for i in range(consumers):
-                r = await stub.Register(pb.RegisterRequest(rank=(rank0 + i) % 8192, worker=0))
+                r = await stub.Register(
+                    pb.RegisterRequest(rank=(rank0 + i) % 8192, worker=0), metadata=md
+                )
                 ids.append(int(r.consumer))
             lease_lat: list[float] = []
             confirm_lat: list[float] = []
@@ -97,13 +102,14 @@ def _load_proc(
                     c = mine[i % len(mine)]
                     i += 1
                     t = time.perf_counter()
-                    r = await stub.Lease(pb.LeaseRequest(consumer=c, epoch=0))
+                    r = await stub.Lease(pb.LeaseRequest(consumer=c, epoch=0), metadata=md)
                     lease_lat.append(time.perf_counter() - t)
                     if r.status != pb.LeaseReply.GRANTED:
                         continue
                     t = time.perf_counter()
                     await stub.Confirm(
-                        pb.ConfirmRequest(consumer=c, epoch=0, lease=r.lease, upto=r.end)
+                        pb.ConfirmRequest(consumer=c, epoch=0, lease=r.lease, upto=r.end),
+                        metadata=md,
                     )
                     confirm_lat.append(time.perf_counter() - t)
 
@@ -116,7 +122,7 @@ def _load_proc(
                     t = time.perf_counter()
                     r = await stub.Batch(pb.BatchRequest(calls=[
                         pb.Call(lease=pb.LeaseRequest(consumer=c, epoch=0)) for c in group
-                    ]))  # fmt: skip
+                    ]), metadata=md)  # fmt: skip
                     lease_lat.extend([time.perf_counter() - t] * len(group))
                     confirms = [
                         pb.Call(confirm=pb.ConfirmRequest(
@@ -126,7 +132,7 @@ def _load_proc(
                         and x.lease.status == pb.LeaseReply.GRANTED
                     ]  # fmt: skip
                     t = time.perf_counter()
-                    await stub.Batch(pb.BatchRequest(calls=confirms))
+                    await stub.Batch(pb.BatchRequest(calls=confirms), metadata=md)
                     confirm_lat.extend([time.perf_counter() - t] * len(confirms))
 
             t0 = time.perf_counter()

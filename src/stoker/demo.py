@@ -5,7 +5,8 @@ the docstrings of Python's own standard library (present wherever Python is),
 a small BPE tokenizer is trained on it, ``build-tokens`` writes the dataset,
 and ``world`` ranks train a tiny causal transformer with DDP over gloo, fed by
 :class:`stoker.TokenLoader`, each rank serving its metrics on
-``metrics_port + rank`` (``stoker top`` and ``stoker doctor`` read them). Then
+``metrics_port + rank`` (a taken port is a warning and moves to a free one; ``0``: any
+free port; ``stoker top`` and ``stoker doctor`` find them in the runtime directory). Then
 an exact-resume check: a fresh loader restored from the state saved halfway
 must yield the very samples the uninterrupted run saw after that point.
 """
@@ -251,8 +252,15 @@ def run_demo(
             f"{cfg['steps']} steps of {batch_size} x {seq_len + 1} tokens per rank"
         )
         if metrics_port is not None:
-            ports = ", ".join(f"127.0.0.1:{metrics_port + r}" for r in range(world))
-            print(f"[demo] metrics of each rank at http://{{{ports}}}/metrics (stoker top)")
+            where = (
+                "a free port each"
+                if metrics_port == 0
+                else ", ".join(f"127.0.0.1:{metrics_port + r}" for r in range(world))
+            )
+            print(
+                f"[demo] rank metrics on {where} (a taken port moves to a free one); "
+                "`stoker top` and `stoker doctor` find them without --endpoint"
+            )
         procs = [
             ctx.Process(target=_rank_main, args=(r, world, port, cfg, results))
             for r in range(world)

@@ -8,6 +8,10 @@ consumption at the coordinator) and :func:`diagnose` reads them against
 thresholds. Both are pure; scraping is at the edge (:func:`scrape`,
 :func:`scrape_prometheus`).
 
+Which endpoints: those given (``--endpoint``, repeated or several after one flag), else
+a Prometheus server (``--prometheus``), else every endpoint the stoker processes of this
+machine recorded in the runtime directory (:func:`discover`, :mod:`stoker.runtime`).
+
 The rules, in order:
 
 * no stall (every rank waits for data less than ``stall`` of its time):
@@ -46,6 +50,32 @@ def parse(text: str) -> Samples:
             if s.name.startswith("stoker_"):
                 out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
     return out
+
+
+def discover() -> list[str]:
+    """The metrics endpoints of the stoker processes running on this machine, as their
+    processes recorded them in the runtime directory (:mod:`stoker.runtime`)."""
+    from stoker import runtime
+
+    return [r["address"] for r in runtime.endpoints()]
+
+
+def endpoints_or_discover(given: list[str] | None) -> list[str]:
+    """``given`` (``--endpoint``), else the endpoints :func:`discover` finds; raises
+    :class:`~stoker.errors.ConfigError` naming the runtime directory when there are none."""
+    if given:
+        return list(given)
+    found = discover()
+    if not found:
+        from stoker import runtime
+        from stoker.errors import ConfigError
+
+        where = runtime.runtime_dir(create=False) / "endpoints"
+        raise ConfigError(
+            f"no running stoker process recorded a metrics endpoint in {where}; "
+            "give --endpoint HOST:PORT (or --prometheus URL)"
+        )
+    return found
 
 
 def scrape(endpoints: list[str], timeout: float = 5.0) -> dict[str, Samples]:

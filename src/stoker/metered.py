@@ -58,7 +58,7 @@ class Metered:
     def __iter__(self) -> Iterator[Any]:
         rank, local = self._rank()
         if self.metrics_port is not None:
-            serve_once(self.metrics_port + local)
+            serve_once(self.metrics_port, local)
         yield from timed(iter(self.loader), rank, self._count)
 
     def _count(self, batch: Any) -> tuple[int, int]:

@@ -5,7 +5,9 @@ rates since the last scrape: the job's throughput and stall share, the node
 caches' hit ratio and remote bandwidth, a row per node (the endpoints of one
 host: its ranks, their tokens/s and stall, its cache hits and remote reads) and
 a row per rank (tokens/s, stall, batches ready, consumption at the
-coordinator). Rows come from :func:`stoker.doctor.evidence`.
+coordinator, ``-`` without one). Rows come from :func:`stoker.doctor.evidence`.
+Without endpoints it reads those the machine's stoker processes recorded
+(:func:`stoker.doctor.endpoints_or_discover`).
 """
 
 from __future__ import annotations
@@ -80,9 +82,10 @@ def frame(
         f"{'rank':>6} {'tokens/s':>12} {'stall':>7} {'ready':>6} {'consumed/s':>11}",
     ]
     for r in ranks:
+        consumed = ev.consumed_per_s.get(r)  # none without a coordinator
         lines.append(
             f"{r:>6} {ev.tokens_per_s.get(r, 0.0):>12,.0f} {100 * ev.stall[r]:>6.1f}% "
-            f"{ready.get(r, 0):>6.0f} {ev.consumed_per_s.get(r, float('nan')):>11.0f}"
+            f"{ready.get(r, 0):>6.0f} {'-' if consumed is None else f'{consumed:.0f}':>11}"
         )
     errors = endpoints.get("!errors")
     if errors:
@@ -92,11 +95,12 @@ def frame(
 
 
 def run(
-    endpoints: list[str],
+    endpoints: list[str] | None,
     interval: float = 2.0,
     iterations: int | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
+    endpoints = doctor.endpoints_or_discover(endpoints)
     before, t0 = doctor.scrape(endpoints), time.monotonic()
     n = 0
     while iterations is None or n < iterations:

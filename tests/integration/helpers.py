@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -162,3 +163,16 @@ def assert_exactly_once(ids: Iterable[int], num_samples: int) -> None:
 def dir_bytes(path: Path) -> int:
     """Bytes of every file under ``path`` (temporary files included)."""
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def closed_by_peer(s: socket.socket, timeout: float = 60.0) -> bool:
+    """Whether the server closes ``s`` within ``timeout`` (reading what it sends first)."""
+    s.settimeout(timeout)
+    try:
+        while s.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True

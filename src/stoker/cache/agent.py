@@ -23,7 +23,9 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import socket
+import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,8 +45,14 @@ from stoker.formats.tokens import TokenSource
 from stoker.units import parse_size
 
 #: Where an agent serves its metrics unless told otherwise (a second agent on the machine
-#: finds it taken and serves none).
+#: finds it taken and serves on a free port, recorded in the runtime directory).
 METRICS_PORT = 9409
+#: Reader connections served at once; one more is refused with an error (each has a thread).
+MAX_CONNECTIONS = 1024
+#: Seconds a frame may take once it has begun (and a new connection, to say hello): a peer
+#: that sends part of a frame and stops is dropped, and a reader that does not take its
+#: answers is too.
+FRAME_TIMEOUT = 30.0
 log = logging.getLogger("stoker.agent")
 
 
@@ -93,11 +101,18 @@ class Agent:
         metrics_port: int | None = None,
         shm_root: Path | None = None,
         idle_exit: float | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        frame_timeout: float = FRAME_TIMEOUT,
     ) -> None:
         if cache_limit <= 0:
             raise ConfigError(f"cache_limit must be positive, got {cache_limit} bytes")
         if shm_limit < 0:
             raise ConfigError(f"shm_limit must be >= 0, got {shm_limit} bytes")
+        if max_connections < 1 or not frame_timeout > 0:
+            raise ConfigError(
+                f"max_connections must be >= 1 and frame_timeout > 0 (--max-connections, "
+                f"--frame-timeout), got {max_connections} and {frame_timeout}"
+            )
         self.paths = AgentPaths(cache_dir, shm_root)
         self.counters = Counters()
         self.disk = DiskTier(self.paths, cache_limit, self.counters)
@@ -120,6 +135,10 @@ class Agent:
         self._shm_warned = False
         self.metrics_address: tuple[str, int] | None = None
         self.idle_exit = idle_exit  # exit after this many seconds without a reader
+        self.max_connections = max_connections
+        self.frame_timeout = frame_timeout
+        self._refusals: queue.Queue[socket.socket] = queue.Queue(maxsize=64)
+        self._refuser: threading.Thread | None = None
         self._last_active = time.monotonic()
 
     # -- life cycle --------------------------------------------------------------------
@@ -209,7 +228,11 @@ class Agent:
                 continue
             except OSError:
                 break
-            conn.settimeout(None)
+            with self._lock:
+                full = len(self._clients) >= self.max_connections
+            if full:
+                self._refuse(conn)
+                continue
             with self._lock:
                 client = self._next_client
                 self._next_client += 1
@@ -238,10 +261,52 @@ class Agent:
             self._lock_fd = None
 
     # -- connections -----------------------------------------------------------------
+    def _refuse(self, conn: socket.socket) -> None:
+        """Hand a connection past :attr:`max_connections` to the refusing thread (it reads
+        the hello, answers with an error and closes); closed at once when that is busy."""
+        self.counters.add("connections_refused")
+        if self._refuser is None:
+            self._refuser = threading.Thread(
+                target=self._refuse_loop, daemon=True, name="stoker-refuse"
+            )
+            self._refuser.start()
+        try:
+            self._refusals.put_nowait(conn)
+        except queue.Full:
+            conn.close()
+
+    def _refuse_loop(self) -> None:
+        error = pb.Response(
+            id=0,
+            error=f"the agent serves {self.max_connections} connections already "
+            "(--max-connections)",
+            error_kind="AgentError",
+        )
+        while True:
+            conn = self._refusals.get()
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(1.0)
+                with contextlib.suppress(wire.ProtocolError):
+                    wire.recv(conn, pb.Request, wire.MAX_REQUEST, 1.0)
+                wire.send(conn, error)
+
+    def _recv(self, conn: socket.socket) -> pb.Request:
+        return wire.recv(conn, pb.Request, wire.MAX_REQUEST, self.frame_timeout)
+
     def _serve(self, conn: socket.socket, client: int) -> None:
         try:
             with conn:
-                hello = wire.recv(conn, pb.Request)
+                # the hello must come within the frame deadline of connecting; later frames
+                # may be far apart (a reader between epochs), each must be quick once begun
+                conn.settimeout(self.frame_timeout)
+                hello = self._recv(conn)
+                conn.settimeout(None)
+                # a reader that does not take its answers must not hold this thread either
+                secs = int(self.frame_timeout)
+                usecs = int((self.frame_timeout - secs) * 1e6)
+                conn.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", secs, usecs)
+                )
                 if (
                     hello.WhichOneof("kind") != "hello"
                     or hello.hello.protocol != wire.PROTOCOL_VERSION
@@ -257,8 +322,13 @@ class Agent:
                     return
                 wire.send(conn, pb.Response(id=hello.id, ack=pb.Ack()))
                 while True:
-                    req = wire.recv(conn, pb.Request)
+                    req = self._recv(conn)
                     wire.send(conn, self._handle(req, client))
+        except wire.ProtocolError as exc:
+            self.counters.add("bad_frames")
+            n = self.counters.values["bad_frames"]
+            if n == 1 or n % 1000 == 0:  # a flood of garbage must not flood the log
+                log.warning("dropped reader connection %d: %s (%d so far)", client, exc, n)
         except (ConnectionError, OSError):
             pass  # the reader went away (or was killed): its pins go below
         finally:
@@ -386,10 +456,7 @@ class Agent:
             if not reserved:
                 load.future.set_result(record)  # no room in shared memory: serve it inline
                 return
-            entry = ds.source.index[block]
-            toks, starts = ds.source.codec.decode(
-                record, int(entry["token_bytes"]), ds.source.manifest.block_len(block)
-            )
+            toks, starts = ds.source.decode(block, record)
             self.counters.add("decodes")
             try:
                 write_decoded(self.paths.decoded(ds.id, block), toks, starts)
@@ -483,17 +550,16 @@ class Agent:
         return min(leads) if leads else 0
 
     def _start_metrics(self, port: int) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
+
+        from stoker.metrics import serve_registry
 
         registry = CollectorRegistry()
         registry.register(AgentCollector(self.stats))
-        try:
-            server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
-        except OSError as exc:  # another agent of this machine has the port: go on without
-            log.warning("no metrics endpoint: port %d: %s", port, exc)
-            return
-        host, port = server.server_address[:2]
-        self.metrics_address = (str(host), int(port))
+        # a taken port (a second agent on the machine) moves to a free one, with a warning
+        got = serve_registry(registry, port, "127.0.0.1", role="agent")
+        if got is not None:
+            self.metrics_address = ("127.0.0.1", got)
 
     def _warn_shm(self, text: str) -> None:
         if not self._shm_warned:
@@ -538,6 +604,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="exit after this many seconds without a connected reader (default: never)",
     )
     ap.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help=f"reader connections served at once (default {MAX_CONNECTIONS})",
+    )
+    ap.add_argument(
+        "--frame-timeout",
+        type=float,
+        default=FRAME_TIMEOUT,
+        help="seconds a request may take to arrive once begun, and a new connection to say "
+        f"hello (default {FRAME_TIMEOUT:.0f})",
+    )
+    ap.add_argument(
         "--metrics-port",
         type=int,
         default=METRICS_PORT,
@@ -558,6 +637,8 @@ def run(args: argparse.Namespace) -> int:
         max_rate=args.max_rate,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         idle_exit=args.idle_exit,
+        max_connections=args.max_connections,
+        frame_timeout=args.frame_timeout,
         shm_root=Path(args.shm_root) if args.shm_root else None,
     )
     try:

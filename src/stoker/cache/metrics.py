@@ -33,6 +33,8 @@ class Counters:
         "checksum_refetches",
         "pins_released_on_disconnect",
         "connections",
+        "connections_refused",
+        "bad_frames",
     )
 
     def __init__(self) -> None:
@@ -139,3 +141,13 @@ class AgentCollector:
             value=s["prefetch_lead"],
         )
         yield GaugeMetricFamily("stoker_agent_clients", "Connected readers", value=s["clients"])
+        yield CounterMetricFamily(
+            "stoker_agent_connections_refused",
+            "Connections refused because the agent served its maximum already",
+            value=s.get("connections_refused", 0),
+        )
+        yield CounterMetricFamily(
+            "stoker_agent_bad_frames",
+            "Connections dropped for a malformed, oversized or unfinished frame",
+            value=s.get("bad_frames", 0),
+        )

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from stoker.coordinator.leases import Config
+from stoker.coordinator.limits import HANDSHAKE_TIMEOUT, MAX_CONNECTIONS
 from stoker.errors import ConfigError
 
 
@@ -63,7 +64,22 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--token-file",
-        help="file holding the shared token (else $STOKER_COORDINATOR_TOKEN); required off loopback",
+        help="file holding the shared token (else $STOKER_COORDINATOR_TOKEN); required off "
+        "loopback. Without one a loopback coordinator makes its own and writes it to a file "
+        "only its user can read (printed), where clients on this machine find it",
+    )
+    ap.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help=f"connections served at once (default {MAX_CONNECTIONS})",
+    )
+    ap.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=HANDSHAKE_TIMEOUT,
+        help=f"seconds a new connection has to complete its handshake (default "
+        f"{HANDSHAKE_TIMEOUT:.0f})",
     )
 
 
@@ -73,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s stoker-coordinator %(message)s")
     token = os.environ.get("STOKER_COORDINATOR_TOKEN") or None
     if args.token_file:
-        token = Path(args.token_file).read_text().strip() or None
+        try:
+            token = Path(args.token_file).read_text().strip() or None
+        except OSError as exc:
+            raise ConfigError(f"--token-file {args.token_file}: {exc}") from None
+        if token is None:
+            raise ConfigError(f"--token-file {args.token_file} is empty")
     manifest_json = index = b""
     dataset_url = ""
     if args.dataset:
@@ -108,19 +129,43 @@ def run(args: argparse.Namespace) -> int:
         dataset_url=dataset_url,
         restore=args.restore,
     )
-    server = Server(coordinator, args.bind, token).start()
+    if token is None and args.bind.rsplit(":", 1)[-1] not in ("", "0"):
+        from stoker import runtime
+
+        token = runtime.read_token(args.bind)  # restarted on its address: the clients' token
+        generated_before = token is not None
+    else:
+        generated_before = False
+    server = Server(
+        coordinator,
+        args.bind,
+        token,
+        max_connections=args.max_connections,
+        handshake_timeout=args.handshake_timeout,
+    ).start()
+    token_file = None
+    if server.generated or generated_before:
+        from stoker import runtime
+
+        try:
+            token_file = runtime.write_token(server.address, server.token)
+        except (OSError, ConfigError) as exc:
+            server.stop(grace=0)
+            raise ConfigError(
+                f"cannot write the coordinator's token ({exc}); give one with --token-file "
+                "or STOKER_COORDINATOR_TOKEN"
+            ) from None
+        print(f"stoker coordinator: token in {token_file} (readable by this user only)", flush=True)
     metrics = ""
     if args.metrics_port >= 0:
         from stoker.coordinator.service import CoordinatorCollector
         from stoker.metrics import serve
 
-        try:
-            port = serve(args.metrics_port, extra=[CoordinatorCollector(coordinator)])
+        port = serve(
+            args.metrics_port, extra=[CoordinatorCollector(coordinator)], role="coordinator"
+        )
+        if port is not None:
             metrics = f", metrics on 127.0.0.1:{port}"
-        except OSError as exc:  # taken (another coordinator on this machine): go on without
-            logging.getLogger("stoker.coordinator").warning(
-                "no metrics endpoint: port %d: %s", args.metrics_port, exc
-            )
     print(
         f"stoker coordinator: serving {server.address} (epoch {coordinator.table.epoch}{metrics})",
         flush=True,
@@ -139,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     server.stop(grace=2)
+    if token_file is not None:
+        token_file.unlink(missing_ok=True)
     return 0
 
 

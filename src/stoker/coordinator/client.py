@@ -2,11 +2,16 @@
 
 Holds only its settings, so it pickles into DataLoader workers; each process
 opens its own channel. Calls that fail because the coordinator is unreachable
-(UNAVAILABLE, DEADLINE_EXCEEDED) are retried with exponential backoff for up to
+(UNAVAILABLE, DEADLINE_EXCEEDED, or the server's limit of calls in flight) are
+retried with exponential backoff for up to
 ``retry_for`` seconds, which rides out a coordinator restart; every call is
 safe to repeat (see :mod:`stoker.coordinator.leases`). A refusal (expired
-consumer, unknown lease, wrong epoch, ...) raises :class:`LeaseRejected` with
-the coordinator's reason.
+consumer, unknown lease, wrong epoch, a wrong token, ...) raises
+:class:`LeaseRejected` with the coordinator's reason.
+
+The token: the one given, else :func:`find_token` (looked up at the first call, and
+again once when the coordinator refuses it: a restarted coordinator may have made
+a new one).
 """
 
 from __future__ import annotations
@@ -14,15 +19,36 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
-from stoker.errors import StokerError
+from stoker.errors import ConfigError, StokerError
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+ENV_TOKEN = "STOKER_COORDINATOR_TOKEN"
+ENV_TOKEN_FILE = "STOKER_COORDINATOR_TOKEN_FILE"
+
+
+def find_token(address: str) -> str | None:
+    """The token for the coordinator at ``address`` when none is given:
+    ``$STOKER_COORDINATOR_TOKEN``, else the file ``$STOKER_COORDINATOR_TOKEN_FILE`` names,
+    else the file a coordinator on this machine wrote for ``address``
+    (:func:`stoker.runtime.token_path`)."""
+    if os.environ.get(ENV_TOKEN):
+        return os.environ[ENV_TOKEN].strip()
+    path = os.environ.get(ENV_TOKEN_FILE)
+    if path:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError as exc:
+            raise ConfigError(f"{ENV_TOKEN_FILE}={path}: cannot read the token ({exc})") from None
+    from stoker import runtime
+
+    return runtime.read_token(address)
 
 
 class LeaseRejected(StokerError, RuntimeError):
@@ -64,13 +90,14 @@ class CoordinatorClient:
         self._pid: int | None = None
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
+        self._token: str | None = token
         self.retries = 0
         self.origin = ""  # the checkpoint the coordinator's table came from (after register)
         self.first_step = 0  # batches of the epoch before the table began (after register)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=None, _channel=None, _stub=None)
+        state.update(_pid=None, _channel=None, _stub=None, _token=self.token)
         return state
 
     def __repr__(self) -> str:  # never print the token
@@ -84,17 +111,30 @@ class CoordinatorClient:
         return self._stub
 
     def _call(self, name: str, request: Any) -> Any:
-        metadata = [("authorization", f"Bearer {self.token}")] if self.token else None
+        if self._token is None:
+            self._token = find_token(self.address)
         deadline = time.monotonic() + self.retry_for
         delay = 0.05
+        looked_again = False
         while True:
+            metadata = [("authorization", f"Bearer {self._token}")] if self._token else None
             try:
                 return getattr(self._stub_now(), name)(
                     request, timeout=self.timeout, metadata=metadata
                 )
             except grpc.RpcError as exc:
                 code = exc.code()
-                if code not in _RETRY:
+                if code == grpc.StatusCode.UNAUTHENTICATED and not self.token and not looked_again:
+                    looked_again = True
+                    fresh = find_token(self.address)
+                    if fresh != self._token:
+                        self._token = fresh
+                        continue
+                # the server's bound on calls in flight (not a message over its size limit)
+                busy = code == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in (
+                    exc.details() or ""
+                )
+                if code not in _RETRY and not busy:
                     raise LeaseRejected(code.name, exc.details() or "") from None
                 if time.monotonic() + delay > deadline:
                     raise CoordinatorUnavailable(

@@ -9,6 +9,9 @@
   thread; it exits when rank 0's pipe to it closes, i.e. when rank 0 exits or
   dies) and publishes its address and a fresh token in the torch.distributed
   store, where the other ranks read them. Values in the store are plain text.
+  Rank 0 prints one line (stderr) naming where the coordinator's state lives (what
+  ``stoker replay`` reads); a temporary state directory, made when no state URL is
+  given, is removed once the coordinator stops cleanly; a given one never is.
 
 Where it binds: ``STOKER_COORDINATOR_BIND`` if set; loopback when the job runs
 on one machine; else the address ``MASTER_ADDR`` resolves to (rank 0's machine
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,12 +70,23 @@ def default_bind(world: int) -> str:
 
 
 class Embedded:
-    """A coordinator started by this process (rank 0); :meth:`close` stops it."""
+    """A coordinator started by this process (rank 0); :meth:`close` stops it.
 
-    def __init__(self, proc: subprocess.Popen[bytes], address: str, state_url: str) -> None:
+    ``temporary``: the state directory was made here (no state URL given); it is removed
+    once the coordinator has stopped cleanly. A state URL the user gave is never removed.
+    """
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        address: str,
+        state_url: str,
+        temporary: bool = False,
+    ) -> None:
         self.proc = proc
         self.address = address
         self.state_url = state_url
+        self.temporary = temporary
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -82,6 +97,9 @@ class Embedded:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.temporary and self.proc.returncode == 0:
+            shutil.rmtree(self.state_url, ignore_errors=True)
+            self.temporary = False
 
 
 def spawn(
@@ -98,6 +116,7 @@ def spawn(
 ) -> Embedded:
     """Start ``stoker coordinator`` as a child process; returns once it serves."""
     config = config or Config()
+    temporary = state_url is None
     state_url = state_url or tempfile.mkdtemp(prefix="stoker-coordinator-")
     bind = bind or default_bind(world)
     cmd = [
@@ -129,7 +148,19 @@ def spawn(
         if "serving " in line:
             address = line.split("serving ")[1].split()[0]
             proc.stdout.close()
-            return Embedded(proc, address, state_url)
+            keep = (
+                "a temporary directory, removed when the job ends cleanly (give "
+                "coordinator_state= to keep it)"
+                if temporary
+                else "kept"
+            )
+            print(
+                f"stoker: coordinator at {address}; its state (journal, checkpoints; "
+                f"`stoker replay --state {state_url} --job {job}`) is in {state_url}: {keep}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return Embedded(proc, address, state_url, temporary)
     proc.wait()
     raise ConfigError(
         f"the coordinator did not start (exit code {proc.returncode}): {''.join(seen)[-2000:]}"

@@ -196,11 +196,21 @@ class LeaseTable:
         }
 
     # -- consumers -------------------------------------------------------------------
-    def register(self, rank: int, worker: int, now: float, stream: str = "", node: str = "") -> int:
+    def register(
+        self,
+        rank: int,
+        worker: int,
+        now: float,
+        stream: str = "",
+        node: str = "",
+        consumer: int | None = None,
+    ) -> int:
         """A new consumer of ``rank``; returns its id (never reused).
 
         ``stream`` describes how the consumer maps positions to samples (dataset and
         shuffle, as JSON); every consumer of a job must agree, and the first fixes it.
+        ``consumer`` is the id to give it (the service draws random ones, so an id cannot
+        be guessed; the event records it); without one the next of a counter.
         """
         if not 0 <= rank < self.world:
             raise LeaseError("bad_rank", f"rank {rank} is outside the job's world of {self.world}")
@@ -210,10 +220,17 @@ class LeaseTable:
                 f"rank {rank} maps positions to samples as {stream}, the job as {self.stream} "
                 "(every rank must open the same dataset with the same shuffle settings)",
             )
-        cid = self._next_consumer
-        self._next_consumer += 1
+        if consumer is None:
+            cid = self._next_consumer
+            self._next_consumer += 1
+        elif consumer <= 0 or consumer in self.consumers:
+            raise LeaseError("bad_consumer", f"consumer id {consumer} is taken or not positive")
+        else:
+            cid = consumer
         self.consumers[cid] = Consumer(cid, rank, worker, now, since=now, node=node)
         args: dict[str, Any] = {"rank": rank, "worker": worker}
+        if consumer is not None:
+            args["consumer"] = cid
         if stream and not self.stream:
             self.stream = args["stream"] = stream
             self._windows = locality.windows(stream)

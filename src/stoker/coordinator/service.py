@@ -6,9 +6,17 @@ restarted replays exactly what its consumers were told. Epochs follow one
 another: when every rank has its positions and all are consumed, the next
 epoch's table begins with the positions left over plus the next data epoch.
 
-It binds loopback by default; on any other address it requires a shared token
-(``authorization: Bearer <token>`` metadata), compared in constant time and
-never logged.
+Every call needs the job's token (``authorization: Bearer <token>`` metadata),
+loopback included, compared in constant time and never logged: one given
+(``--token-file``, ``STOKER_COORDINATOR_TOKEN``; required off loopback), else one
+the server draws itself. Consumer ids are random 63-bit numbers, so a process that
+holds no token cannot act for a consumer by guessing its id either.
+
+One connection cannot make the server hold much: messages are capped
+(:mod:`stoker.coordinator.limits`), connections, streams per connection
+and calls waiting for a thread are bounded, a connection that does not finish its
+HTTP/2 handshake in time is dropped, and keepalive pings find
+peers that went away.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import secrets
 import threading
 import time
 from concurrent import futures
@@ -30,6 +39,13 @@ from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
+from stoker.coordinator.limits import (
+    HANDSHAKE_TIMEOUT,
+    MAX_CALLS,
+    MAX_CONNECTIONS,
+    MAX_MESSAGE,
+    MAX_STREAMS,
+)
 from stoker.errors import ConfigError
 
 log = logging.getLogger("stoker.coordinator")
@@ -44,6 +60,7 @@ _CODES = {
     "bad_stream": grpc.StatusCode.FAILED_PRECONDITION,
     "bad_sequence": grpc.StatusCode.FAILED_PRECONDITION,
     "not_ready": grpc.StatusCode.FAILED_PRECONDITION,
+    "bad_consumer": grpc.StatusCode.INTERNAL,
 }
 
 
@@ -278,13 +295,28 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             if t.epoch < request.min_epoch:
                 return pb.RegisterReply(consumer=0, epoch=t.epoch, origin=self.origin)
             cid = t.register(
-                request.rank, request.worker, self._now(), request.stream, request.node
+                request.rank,
+                request.worker,
+                self._now(),
+                request.stream,
+                request.node,
+                consumer=self._consumer_id(),
             )
             return pb.RegisterReply(
                 consumer=cid, epoch=t.epoch, origin=self.origin, first_step=t.first_step
             )
 
         return self._call(context, go, durable=True)
+
+    def _consumer_id(self) -> int:
+        """A fresh random id (63 bits, not 0, in neither table): not guessable."""
+        taken = set(self.table.consumers)
+        if self.previous is not None:
+            taken |= set(self.previous.consumers)
+        while True:
+            cid = secrets.randbits(63)
+            if cid and cid not in taken:
+                return cid
 
     # -- the calls, on the table (with the lock held) ------------------------------------
     def _lease(self, request: pb.LeaseRequest) -> pb.LeaseReply:
@@ -536,7 +568,11 @@ def _split_epochs(events: list[Event]) -> list[list[Event]]:
 
 
 class Server:
-    """A running coordinator: gRPC server, expiry thread."""
+    """A running coordinator: gRPC server, expiry thread.
+
+    ``token`` None: off loopback a :class:`ConfigError`; on loopback the server draws
+    one (:attr:`token`, :attr:`generated`) for its caller to hand to the clients.
+    """
 
     def __init__(
         self,
@@ -544,16 +580,38 @@ class Server:
         bind: str = "127.0.0.1:0",
         token: str | None = None,
         threads: int = 16,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         if not is_loopback(bind) and not token:
             raise ConfigError(
                 f"the coordinator binds {bind}, which is not loopback: give it a shared token "
                 "(--token-file or STOKER_COORDINATOR_TOKEN)"
             )
+        if max_connections < 1 or not handshake_timeout > 0:
+            raise ConfigError(
+                f"max_connections must be >= 1 and handshake_timeout > 0 (--max-connections, "
+                f"--handshake-timeout), got {max_connections} and {handshake_timeout}"
+            )
         self.coordinator = coordinator
-        interceptors = [_Auth(token)] if token else []
+        self.generated = not token
+        self.token = token or secrets.token_urlsafe(32)
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_allowed_incoming_connections", max_connections),
+            ("grpc.max_concurrent_streams", MAX_STREAMS),
+            ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout * 1000))),
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.max_connection_idle_ms", 600_000),
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads), interceptors=interceptors
+            futures.ThreadPoolExecutor(max_workers=threads),
+            interceptors=[_Auth(self.token)],
+            options=options,
+            maximum_concurrent_rpcs=MAX_CALLS,
         )
         pb_grpc.add_CoordinatorServicer_to_server(coordinator, self.server)
         self.port = self.server.add_insecure_port(bind)
