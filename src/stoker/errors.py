@@ -13,7 +13,10 @@ can catch either::
     │   └── UnreachableError                the URL cannot be reached at all
     ├── StateError (ValueError)             a resume state does not fit this dataset
     ├── InputError (ValueError)             bad input to a writer or the CLI
-    └── ConfigError (ValueError)            bad arguments (seq_len too long, ...)
+    ├── ConfigError (ValueError)            bad arguments (seq_len too long, ...)
+    ├── AgentError (RuntimeError)           the node agent could not start, or refused
+    │   └── AgentRunningError               another agent owns the cache directory
+    └── WorkerError (RuntimeError)          a loader worker failed, died or stopped answering
 """
 
 from __future__ import annotations
@@ -70,3 +73,13 @@ class AgentError(StokerError, RuntimeError):
 
 class AgentRunningError(AgentError):
     """Another agent already owns this cache directory."""
+
+
+class WorkerError(StokerError, RuntimeError):
+    """A loader worker process failed, died or stopped answering. The message names the
+    worker (number and pid) and carries its traceback when it raised."""
+
+    def __init__(self, message: str, *, worker: int = -1, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.pid = pid

@@ -6,6 +6,18 @@ a connection, so each process's pins are its own). When the agent dies the
 next request reconnects, starting a new agent if needed, reopens the datasets
 and repeats the request; blocks already mapped stay readable (a mapping
 outlives the file's name), so nothing a reader holds is lost.
+
+Every socket call has a timeout (``connect_timeout`` for the connection and
+its Hello, ``request_timeout`` for each send and receive of a request). When
+no agent answers (stopped, wedged, gone and none could be started, or it
+refuses the connection), the client *falls back*, with one warning per
+process: block requests answer "read it yourself" (a ``Block`` neither pinned
+nor carrying a record, so the reader fetches and decodes from storage), and
+plans and releases are dropped. Meanwhile each request checks, without
+waiting, a connection left pending on the agent's socket; once the agent
+answers it (it was continued, or a new one started) the datasets are reopened
+and requests go to the agent again. :meth:`AgentClient.stats` has nothing to fall back to and raises
+:class:`~stoker.errors.AgentError` instead.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -31,13 +44,22 @@ from stoker.cache.paths import AgentPaths, default_cache_dir
 from stoker.errors import AgentError
 
 
+class _Unanswered(Exception):
+    """No agent answers (the message says how); the client falls back to storage."""
+
+
 class AgentClient:
     """Talks to the agent that owns ``cache_dir`` (by default the user's cache directory).
 
     ``cache_limit``, ``shm_limit``, ``max_remote``, ``max_rate`` and
     ``idle_exit`` are used when this client has to start the agent (which then
     exits after ``idle_exit`` seconds without a reader); an agent already
-    running keeps its own settings.
+    running keeps its own settings. ``timeout`` bounds the wait for an agent
+    to start (or restart); ``connect_timeout`` the connection and its Hello;
+    ``request_timeout`` each send and receive of a request. Without an
+    answering agent, requests fall back to storage (see the module's
+    docstring) and a pending connection is tried again at most every
+    ``retry_interval`` seconds after it failed.
     """
 
     def __init__(
@@ -48,15 +70,32 @@ class AgentClient:
         *,
         autostart: bool = True,
         timeout: float = 60.0,
+        connect_timeout: float = 5.0,
+        request_timeout: float = 30.0,
+        retry_interval: float = 5.0,
         max_remote: int = 16,
         max_rate: float = 0.0,
         idle_exit: float = 300.0,
     ) -> None:
+        for name, value in (
+            ("timeout", timeout),
+            ("connect_timeout", connect_timeout),
+            ("request_timeout", request_timeout),
+        ):
+            if not value > 0:
+                raise errors.ConfigError(f"AgentClient {name} must be > 0 seconds, got {value}")
+        if retry_interval < 0:
+            raise errors.ConfigError(
+                f"AgentClient retry_interval must be >= 0 seconds, got {retry_interval}"
+            )
         self.paths = AgentPaths(cache_dir if cache_dir is not None else default_cache_dir())
         self.cache_limit = cache_limit
         self.shm_limit = shm_limit
         self.autostart = autostart
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.retry_interval = retry_interval
         self.max_remote = max_remote
         self.max_rate = max_rate
         self.idle_exit = idle_exit
@@ -69,11 +108,17 @@ class AgentClient:
         self._lock = threading.Lock()
         self._next_id = 0
         self._warned_inline = False
+        self._warned_fallback = False
+        self._fallback = False  # no agent answers: requests fall back to storage
+        self._why = ""  # how the agent failed to answer, last time
+        self._probe: socket.socket | None = None  # a connection waiting for the agent's Ack
+        self._next_probe = 0.0
         self.reconnects = 0
+        self.fallbacks = 0  # times this process stopped using the agent
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_sock", "_lock", "_pid", "_warned_inline"):
+        for k in ("_sock", "_lock", "_pid", "_warned_inline", "_warned_fallback", "_probe"):
             state.pop(k, None)
         state["_opened"] = {k: v.SerializeToString() for k, v in self._opened.items()}
         return state
@@ -84,22 +129,35 @@ class AgentClient:
         self._opened = {k: pb.Open.FromString(v) for k, v in opened.items()}
         self._reset()
 
+    @property
+    def falling_back(self) -> bool:
+        """True while this process reads storage itself because no agent answers."""
+        return self._pid == os.getpid() and self._fallback
+
     # -- connection -----------------------------------------------------------------
+    @staticmethod
+    def _hello() -> pb.Request:
+        return pb.Request(id=0, hello=pb.Hello(protocol=wire.PROTOCOL_VERSION, pid=os.getpid()))
+
     def _connect_once(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.connect_timeout)
         try:
             sock.connect(str(self.paths.socket))
-            wire.send(
-                sock,
-                pb.Request(id=0, hello=pb.Hello(protocol=wire.PROTOCOL_VERSION, pid=os.getpid())),
-            )
+            wire.send(sock, self._hello())
             resp = wire.recv(sock, pb.Response)
+        except TimeoutError as exc:
+            sock.close()
+            raise _Unanswered(
+                f"did not answer a connection within {self.connect_timeout:g} s"
+            ) from exc
         except BaseException:
             sock.close()
             raise
-        if resp.error:
+        if resp.error:  # another protocol version, or no room for another connection
             sock.close()
-            raise AgentError(f"agent at {self.paths.socket} refused the connection: {resp.error}")
+            raise _Unanswered(f"refused the connection ({resp.error})")
+        sock.settimeout(self.request_timeout)
         return sock
 
     def _spawn(self) -> subprocess.Popen[bytes]:
@@ -146,9 +204,9 @@ class AgentClient:
             ):
                 pass
             if not self.autostart:
-                raise AgentError(
-                    f"no stoker agent at {self.paths.socket}; start one with "
-                    f"`stoker agent --cache-dir {self.paths.cache_dir} --cache-limit ...`"
+                raise _Unanswered(
+                    "is not running (start one with "
+                    f"`stoker agent --cache-dir {self.paths.cache_dir} --cache-limit ...`)"
                 )
             if spawned is None:
                 spawned = self._spawn()
@@ -158,10 +216,7 @@ class AgentClient:
                     f"{spawned.returncode}; see {self.paths.log}:\n{self._log_tail()}"
                 )
             if time.monotonic() > deadline:
-                raise AgentError(
-                    f"no stoker agent answered at {self.paths.socket} within {self.timeout:.0f} s; "
-                    f"see {self.paths.log}"
-                )
+                raise _Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
             time.sleep(0.02)  # the agent is starting: poll its socket
 
     def _log_tail(self) -> str:
@@ -170,41 +225,129 @@ class AgentClient:
         except OSError:
             return ""
 
-    def _call(self, req: pb.Request) -> pb.Response:
+    def _call(self, req: pb.Request, fallback: pb.Response | None = None) -> pb.Response:
+        """Send ``req`` and wait for its answer; ``fallback`` is the answer when no agent
+        answers (None: raise :class:`AgentError`)."""
         if self._pid != os.getpid():  # forked: never share the parent's connection
             self._reset()
         with self._lock:
-            deadline = time.monotonic() + self.timeout
-            while True:
-                fresh = self._sock is None
-                try:
-                    if self._sock is None:
-                        self._sock = self._connect()
-                        if self._opened and req.WhichOneof("kind") != "open":
-                            for op in self._opened.values():
-                                self._request(pb.Request(open=op))
-                    resp = self._request(req)
-                    break
-                except (ConnectionError, OSError) as exc:
-                    if isinstance(exc, wire.ProtocolError):
-                        raise
-                    if self._sock is not None:
-                        self._sock.close()
-                    self._sock = None
-                    self.reconnects += 1
-                    if time.monotonic() > deadline:
-                        raise AgentError(
-                            f"lost the stoker agent at {self.paths.socket} and could not reconnect "
-                            f"within {self.timeout:.0f} s ({exc})"
-                        ) from exc
-                    if fresh:
-                        time.sleep(0.05)  # back off between failed connections
+            try:
+                if self._fallback and not self._revive():
+                    raise _Unanswered(self._why)
+                resp = self._exchange(req)
+            except _Unanswered as exc:
+                self._fall_back(str(exc))
+                if fallback is not None:
+                    return fallback
+                raise AgentError(f"the stoker agent at {self.paths.socket} {exc}") from None
         if resp.error:
             kind = getattr(errors, resp.error_kind, None) if resp.error_kind else None
             if isinstance(kind, type) and issubclass(kind, errors.StokerError):
                 raise kind(f"{resp.error} (from the stoker agent)")
             raise AgentError(f"stoker agent: {resp.error}")
         return resp
+
+    def _exchange(self, req: pb.Request) -> pb.Response:
+        """One request and its answer, reconnecting (and restarting the agent) when the
+        connection breaks; :class:`_Unanswered` when the agent does not answer in time."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            fresh = self._sock is None
+            try:
+                if self._sock is None:
+                    self._sock = self._connect()
+                    if self._opened and req.WhichOneof("kind") != "open":
+                        for op in self._opened.values():
+                            self._request(pb.Request(open=op))
+                return self._request(req)
+            except (ConnectionError, OSError) as exc:
+                if isinstance(exc, wire.ProtocolError):
+                    raise
+                self._drop()
+                if isinstance(exc, TimeoutError):
+                    raise _Unanswered(
+                        f"did not answer a {req.WhichOneof('kind')} request within "
+                        f"{self.request_timeout:g} s"
+                    ) from exc
+                self.reconnects += 1
+                if time.monotonic() > deadline:
+                    raise _Unanswered(
+                        f"was lost and no agent answered again within {self.timeout:g} s ({exc})"
+                    ) from exc
+                if fresh:
+                    time.sleep(0.05)  # back off between failed connections
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+
+    def _fall_back(self, why: str) -> None:
+        """Stop using the agent (the agent drops this connection's pins when it notices)."""
+        self._drop()
+        self._why = why
+        if not self._fallback:
+            self._fallback = True
+            self.fallbacks += 1
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            warnings.warn(
+                f"the stoker agent at {self.paths.socket} {why}; this process reads blocks "
+                "from storage itself until the agent answers again",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _revive(self) -> bool:
+        """Without waiting: has the agent answered the pending connection? Then use it."""
+        if self._probe is None:
+            now = time.monotonic()
+            if now < self._next_probe:
+                return False
+            self._next_probe = now + self.retry_interval
+            self._probe = self._start_probe()
+            if self._probe is None:
+                return False
+        probe = self._probe
+        try:
+            ready = select.select([probe], [], [], 0)[0]
+        except (OSError, ValueError):
+            ready = [probe]  # broken: the read below says so
+        if not ready:
+            return False
+        self._probe = None
+        try:
+            probe.settimeout(self.connect_timeout)
+            resp = wire.recv(probe, pb.Response)
+        except (ConnectionError, OSError):
+            probe.close()
+            return False
+        if resp.error:
+            probe.close()
+            return False
+        probe.settimeout(self.request_timeout)
+        self._sock = probe
+        try:
+            for op in self._opened.values():
+                if self._request(pb.Request(open=op)).error:
+                    raise ConnectionError("the agent could not reopen a dataset")
+        except (ConnectionError, OSError):
+            self._drop()
+            return False
+        self._fallback = False
+        return True
+
+    def _start_probe(self) -> socket.socket | None:
+        """A connection to the agent's socket with its Hello sent; None if none listens."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(str(self.paths.socket))
+            wire.send(sock, self._hello())  # a few bytes: fits the socket's buffer
+        except OSError:
+            sock.close()
+            return None
+        return sock
 
     def _request(self, req: pb.Request) -> pb.Response:
         assert self._sock is not None
@@ -218,9 +361,11 @@ class AgentClient:
 
     def close(self) -> None:
         """Close this process's connection (the agent releases its pins)."""
-        if self._pid == os.getpid() and self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._pid == os.getpid():
+            self._drop()
+            if self._probe is not None:
+                self._probe.close()
+                self._probe = None
 
     # -- requests -------------------------------------------------------------------
     def open(self, url: str, storage_options: dict[str, Any] | None, dataset_id: str) -> None:
@@ -229,13 +374,16 @@ class AgentClient:
             storage_options_json=json.dumps(storage_options) if storage_options else "",
             dataset_id=dataset_id,
         )
-        self._call(pb.Request(open=op))
-        self._opened[dataset_id] = op
+        self._call(pb.Request(open=op), pb.Response())
+        self._opened[dataset_id] = op  # reopened on every new connection
 
     def get(self, dataset_id: str, block: int) -> pb.Block:
-        """Pin ``block`` and say where it is (or carry its record inline)."""
-        got = self._call(pb.Request(get=pb.Get(dataset_id=dataset_id, block=block))).block
-        if not got.pinned and not self._warned_inline:
+        """Pin ``block`` and say where it is (or carry its record inline). Without an
+        answering agent: neither pinned nor a record, the reader reads storage itself."""
+        fallback = pb.Response(block=pb.Block())
+        resp = self._call(pb.Request(get=pb.Get(dataset_id=dataset_id, block=block)), fallback)
+        got = resp.block
+        if resp is not fallback and not got.pinned and not self._warned_inline:
             self._warned_inline = True
             warnings.warn(
                 f"the stoker agent at {self.paths.socket} has no room in shared memory; this "
@@ -247,14 +395,16 @@ class AgentClient:
 
     def release(self, dataset_id: str, blocks: list[int]) -> None:
         if blocks:
-            self._call(pb.Request(release=pb.Release(dataset_id=dataset_id, blocks=blocks)))
+            req = pb.Request(release=pb.Release(dataset_id=dataset_id, blocks=blocks))
+            self._call(req, pb.Response())
 
     def plan(self, dataset_id: str, blocks: list[int]) -> None:
-        self._call(pb.Request(plan=pb.Plan(dataset_id=dataset_id, blocks=blocks)))
+        self._call(pb.Request(plan=pb.Plan(dataset_id=dataset_id, blocks=blocks)), pb.Response())
 
     def holdings(self, dataset_id: str) -> list[int]:
-        """Blocks of the dataset this node's agent holds (memory or disk)."""
-        r = self._call(pb.Request(holdings=pb.Holdings(dataset_id=dataset_id)))
+        """Blocks of the dataset this node's agent holds (memory or disk); none without
+        an answering agent."""
+        r = self._call(pb.Request(holdings=pb.Holdings(dataset_id=dataset_id)), pb.Response())
         return [int(b) for b in r.held.blocks]
 
     @property

@@ -348,7 +348,9 @@ class DynamicEpoch:
             reader.close()
 
     def _from_workers(self) -> Iterator[tuple[int, Batch, Segments]]:
-        from stoker.loader.fast import WorkerError, _give_back, _Slots, _stop_workers
+        from stoker.errors import WorkerError
+        from stoker.loader import supervise
+        from stoker.loader.fast import _give_back, _Slots, _stop_workers
 
         ds = self.ds
         ctx = mp.get_context("fork")
@@ -382,18 +384,24 @@ class DynamicEpoch:
                 conns.append(parent)
                 procs.append(proc)
                 for slot in range(self.prefetch):
-                    parent.send(slot)
+                    _give_back(parent, slot)  # a worker gone already: its receive says so
             live = set(range(self.num_workers))
+            timeout = getattr(self.loader, "timeout", 300.0)
+            heard = {w: time.monotonic() for w in live}  # last message, less time away
             while live:
                 for w in sorted(live):
-                    conn = conns[w]
-                    if not conn.poll(0.01):
-                        if not procs[w].is_alive() and not conn.poll(0):
-                            raise WorkerError(
-                                f"loader worker {w} died (exit code {procs[w].exitcode})"
-                            )
-                        continue
-                    msg = conn.recv()
+                    conn, proc = conns[w], procs[w]
+                    try:
+                        if not conn.poll(0.01):
+                            if not proc.is_alive() and not conn.poll(0):
+                                raise supervise.gone(w, proc)
+                            if time.monotonic() - heard[w] >= timeout:
+                                raise supervise.silent(w, proc, timeout)
+                            continue
+                        msg = conn.recv()
+                    except (EOFError, OSError) as exc:  # ConnectionResetError, ...
+                        raise supervise.gone(w, proc, exc) from exc
+                    heard[w] = time.monotonic()
                     if msg[0] == "epoch":
                         consumer[w] = int(msg[1])
                         self._began(int(msg[2]), int(msg[3]))
@@ -406,11 +414,18 @@ class DynamicEpoch:
                         if ring.masks is not None:
                             batch["doc_start_mask"] = ring.masks[slot, :n].clone()
                         _give_back(conn, slot)
+                        away = time.monotonic()
                         yield consumer[w], batch, [tuple(s) for s in segments]
+                        away = time.monotonic() - away  # the caller's time is no worker's
+                        heard = {k: t + away for k, t in heard.items()}
                     elif msg[0] == "done":
                         live.discard(w)
                     else:
                         _, kind, text, trace = msg
-                        raise WorkerError(f"loader worker {w} failed ({kind}: {text}):\n{trace}")
+                        raise WorkerError(
+                            f"loader worker {w} (pid {proc.pid}) failed ({kind}: {text}):\n{trace}",
+                            worker=w,
+                            pid=proc.pid,
+                        )
         finally:
             _stop_workers(conns, procs)
