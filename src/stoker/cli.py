@@ -31,19 +31,30 @@ def _storage_options(text: str | None) -> dict | None:
 
 
 def cmd_build_tokens(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
+    from stoker.errors import InputError
+    from stoker.extras import require
     from stoker.formats.token_writer import WriteOptions
     from stoker.ingest import SourceOptions
-    from stoker.tokenizing import build_tokens
+    from stoker.tokenizing import BuildStats, build_tokens
 
-    bar = tqdm(unit=" docs", dynamic_ncols=True, disable=args.quiet)
+    tqdm = require("tqdm", "build", "build-tokens", InputError).tqdm
+    bars: list = []  # made at the first report: the sources are checked, their bytes known
 
-    def progress(stats) -> None:  # type: ignore[no-untyped-def]
-        bar.n = stats.documents
-        rate = stats.text_bytes / max(stats.seconds, 1e-9) / 1e6
-        bar.set_postfix_str(f"{stats.tokens:,} tokens, {rate:.1f} MB/s", refresh=False)
-        bar.refresh()
+    def progress(stats: BuildStats) -> None:
+        if not bars:
+            bars.append(
+                tqdm(
+                    total=stats.total_bytes,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    dynamic_ncols=True,
+                    disable=args.quiet,
+                )
+            )
+        bar = bars[0]
+        bar.set_postfix_str(f"{stats.documents:,} docs, {stats.tokens:,} tokens", refresh=False)
+        bar.update(stats.source_bytes - bar.n)
 
     opts = WriteOptions(
         block_tokens=args.block_tokens,
@@ -52,19 +63,22 @@ def cmd_build_tokens(args: argparse.Namespace) -> int:
         dictionary=args.dictionary,
         min_match=args.min_match or None,
     )
-    manifest, stats = build_tokens(
-        args.sources,
-        args.out,
-        args.tokenizer,
-        eos_token=args.eos_token,
-        source_options=SourceOptions(args.text_field, args.text_column, args.txt_split),
-        write_options=opts,
-        workers=args.workers,
-        storage_options=_storage_options(args.storage_options),
-        overwrite=args.overwrite,
-        progress=progress,
-    )
-    bar.close()
+    try:
+        manifest, stats = build_tokens(
+            args.sources,
+            args.out,
+            args.tokenizer,
+            eos_token=args.eos_token,
+            source_options=SourceOptions(args.text_field, args.text_column, args.txt_split),
+            write_options=opts,
+            workers=args.workers,
+            storage_options=_storage_options(args.storage_options),
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    finally:
+        for bar in bars:
+            bar.close()
     print(
         f"wrote {args.out}: {manifest.num_documents:,} documents, {manifest.num_tokens:,} tokens, "
         f"{manifest.num_blocks:,} blocks, {_size(manifest.compressed_bytes)} "
@@ -107,18 +121,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {value}")
     start = max(0, min(args.offset, m.num_tokens - 1))
     tokens = src.tokens(start, min(m.num_tokens, start + args.sample_tokens))
-    if m.tokenizer is not None and m.tokenizer.path is not None:
+    try:
         from tokenizers import Tokenizer
-
+    except ImportError:  # decoding is optional: stoker[build]
+        Tokenizer = None  # type: ignore[assignment,misc]
+    if m.tokenizer is not None and m.tokenizer.path is not None and Tokenizer is not None:
         tok = Tokenizer.from_str(src.storage.read(m.tokenizer.path).decode())
         text = tok.decode(tokens.tolist(), skip_special_tokens=False)
         print(f"\nsample (tokens {start:,}..{start + len(tokens):,}, decoded):\n{text}")
     else:
         print(f"\nsample (tokens {start:,}..{start + len(tokens):,}): {tokens.tolist()}")
+        if m.tokenizer is not None and m.tokenizer.path is not None:
+            print("(to see it decoded: pip install 'stoker[build]')")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from stoker.extras import require
+
+    for module in ("tokenizers", "tqdm"):  # it trains a tokenizer and shows a progress bar
+        require(module, "build", "stoker demo")
     from stoker.demo import run_demo
 
     return run_demo(
@@ -143,9 +165,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         after = doctor.scrape_prometheus(args.prometheus, now)
         seconds = args.window
     else:
-        before, t0 = doctor.scrape(args.endpoint), time.monotonic()
+        endpoints = doctor.endpoints_or_discover(args.endpoint)
+        before, t0 = doctor.scrape(endpoints), time.monotonic()
         time.sleep(args.window)  # the measurement window
-        after = doctor.scrape(args.endpoint)
+        after = doctor.scrape(endpoints)
         seconds = time.monotonic() - t0
     bandwidth = args.storage_bandwidth * 1e6 if args.storage_bandwidth else None
     d = doctor.diagnose(doctor.evidence(before, after, seconds), bandwidth)
@@ -161,12 +184,19 @@ def cmd_top(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stoker", description="Keeps the GPUs of a training job fed.")
+    from stoker import __version__
+
+    p.add_argument("--version", action="version", version=f"stoker {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build-tokens", help="tokenize text files into a token dataset")
     b.add_argument("sources", nargs="+", help=".txt, .jsonl or .parquet files (any fsspec URL)")
     b.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
-    b.add_argument("--tokenizer", required=True, help="Hugging Face tokenizers JSON file")
+    b.add_argument(
+        "--tokenizer",
+        required=True,
+        help="Hugging Face tokenizers JSON file (a tokenizer.json; README: how to train one)",
+    )
     b.add_argument("--eos-token", help="end-of-document token (default: the tokenizer's)")
     b.add_argument("--text-field", default="text", help="JSON field of .jsonl inputs")
     b.add_argument("--text-column", default="text", help="column of .parquet inputs")
@@ -217,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         default=9400,
-        help="rank r serves Prometheus metrics on 127.0.0.1:PORT+r (default 9400)",
+        help="rank r serves Prometheus metrics on 127.0.0.1:PORT+r (default 9400; 0: any free "
+        "port; a taken port moves to a free one)",
     )
     d.add_argument("--no-metrics", action="store_true", help="serve no metrics")
     d.set_defaults(func=cmd_demo)
@@ -252,9 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
         "bandwidth, cache misses, decode/preprocessing CPU, a straggling rank, prefetch, or "
         "none (the GPU), with the numbers against their thresholds and what to change.",
     )
-    src = doc.add_mutually_exclusive_group(required=True)
+    src = doc.add_mutually_exclusive_group()
     src.add_argument(
-        "--endpoint", action="append", help="HOST:PORT of a /metrics endpoint (repeat)"
+        "--endpoint",
+        action="extend",
+        nargs="+",
+        help="HOST:PORT of /metrics endpoints (several, or repeat the flag); default: the "
+        "endpoints this machine's stoker processes recorded in the runtime directory",
     )
     src.add_argument("--prometheus", help="URL of a Prometheus server that scrapes the job")
     doc.add_argument("--window", type=float, default=10.0, help="seconds between the two looks")
@@ -265,7 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
     doc.set_defaults(func=cmd_doctor)
 
     top = sub.add_parser("top", help="a live view of a running job from its metrics endpoints")
-    top.add_argument("--endpoint", action="append", required=True, help="HOST:PORT (repeat)")
+    top.add_argument(
+        "--endpoint",
+        action="extend",
+        nargs="+",
+        help="HOST:PORT (several, or repeat the flag); default: the endpoints this machine's "
+        "stoker processes recorded in the runtime directory",
+    )
     top.add_argument("--interval", type=float, default=2.0)
     top.add_argument("--iterations", type=int, help="stop after this many screens")
     top.set_defaults(func=cmd_top)

@@ -7,18 +7,30 @@
 
 Compressed variants (``.gz``, ``.zst``, ``.bz2``, ``.xz``) are read through
 fsspec's compression inference. Errors name the file and line or row.
+Reading ``.parquet`` needs ``stoker[parquet]`` (pyarrow), sources on S3
+``stoker[s3]``: each is an ``InputError`` naming the extra, before any work.
+
+``progress`` callbacks receive how many bytes of the source file (as stored,
+compressed or not) have been read so far, so that a caller can show progress
+against the sizes :func:`check_sources` returns.
 """
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
+from fsspec.compression import compr
 from fsspec.utils import infer_compression
 
 from stoker.errors import InputError
+from stoker.extras import backend_error, require
+
+Progress = Callable[[int], None]
 
 KINDS = (".txt", ".jsonl", ".json", ".parquet")
 
@@ -41,14 +53,24 @@ def kind_of(path: str) -> str:
     raise InputError(f"{path}: unsupported input type; expected one of {', '.join(KINDS)}")
 
 
+def _url_to_fs(path: str, storage_options: dict | None) -> tuple[Any, str]:
+    try:
+        return fsspec.core.url_to_fs(path, **(storage_options or {}))
+    except ImportError as exc:  # the URL's fsspec backend is an extra (stoker[s3], ...)
+        protocol = path.split("://", 1)[0] if "://" in path else "file"
+        raise InputError(str(backend_error(protocol, path, exc))) from exc
+
+
 def check_sources(paths: list[str], storage_options: dict | None = None) -> list[tuple[str, int]]:
-    """Fail before any work if a source is missing, empty or of an unknown type."""
+    """Each source and its size; fails before any work if a source is missing, empty,
+    of an unknown type, or needs a package that is not installed."""
     if not paths:
         raise InputError("no input files given")
     out = []
     for path in paths:
-        kind_of(path)
-        fs, fpath = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        if kind_of(path) == ".parquet":
+            require("pyarrow.parquet", "parquet", f"{path}: reading .parquet", InputError)
+        fs, fpath = _url_to_fs(path, storage_options)
         try:
             size = fs.size(fpath)
         except FileNotFoundError as exc:
@@ -60,56 +82,98 @@ def check_sources(paths: list[str], storage_options: dict | None = None) -> list
 
 
 def iter_texts(
-    path: str, opts: SourceOptions, storage_options: dict | None = None
+    path: str,
+    opts: SourceOptions,
+    storage_options: dict | None = None,
+    progress: Progress | None = None,
 ) -> Iterator[str]:
-    """Documents of one source, in order."""
+    """Documents of one source, in order; ``progress(bytes_read)`` as the file is read."""
     kind = kind_of(path)
     if kind == ".parquet":
-        yield from _parquet(path, opts, storage_options)
+        yield from _parquet(path, opts, storage_options, progress)
         return
-    with fsspec.open(
-        path, "rt", encoding="utf-8", compression="infer", **(storage_options or {})
-    ) as fh:
-        if kind == ".jsonl":
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except ValueError as exc:
-                    raise InputError(f"{path}, line {lineno}: not valid JSON ({exc})") from exc
-                if not isinstance(obj, dict) or opts.text_field not in obj:
-                    raise InputError(f"{path}, line {lineno}: no field {opts.text_field!r}")
-                text = obj[opts.text_field]
-                if not isinstance(text, str):
-                    raise InputError(
-                        f"{path}, line {lineno}: field {opts.text_field!r} is not a string"
-                    )
-                yield text
-        elif opts.txt_split == "file":
-            yield fh.read()
-        elif opts.txt_split == "line":
-            for line in fh:
-                if line.strip():
-                    yield line.rstrip("\n")
-        elif opts.txt_split == "blank":
-            para: list[str] = []
-            for line in fh:
-                if line.strip():
-                    para.append(line)
-                elif para:
-                    yield "".join(para)
-                    para = []
-            if para:
+    fs, fpath = _url_to_fs(path, storage_options)
+    comp = infer_compression(path)
+    with fs.open(fpath, "rb") as raw:
+        stream = compr[comp](raw, mode="rb") if comp else raw
+        with io.TextIOWrapper(stream, encoding="utf-8") as fh:
+            yield from _read_text(path, fh, kind, opts, raw.tell, progress)
+
+
+def _read_text(
+    path: str,
+    fh: io.TextIOWrapper,
+    kind: str,
+    opts: SourceOptions,
+    tell: Callable[[], int],
+    progress: Progress | None,
+) -> Iterator[str]:
+    """The documents of one opened text source (``tell``: bytes of the file read)."""
+    if kind == ".jsonl":
+        for lineno, line in enumerate(fh, 1):
+            if progress is not None:
+                progress(tell())
+            if not line.strip():
+                continue
+            yield _json_text(path, lineno, line, opts.text_field)
+    elif opts.txt_split == "file":
+        yield fh.read()
+    elif opts.txt_split == "line":
+        for line in fh:
+            if progress is not None:
+                progress(tell())
+            if line.strip():
+                yield line.rstrip("\n")
+    elif opts.txt_split == "blank":
+        para: list[str] = []
+        for line in fh:
+            if progress is not None:
+                progress(tell())
+            if line.strip():
+                para.append(line)
+            elif para:
                 yield "".join(para)
-        else:
-            raise InputError(f"txt_split must be file, line or blank, got {opts.txt_split!r}")
+                para = []
+        if para:
+            yield "".join(para)
+    else:
+        raise InputError(f"txt_split must be file, line or blank, got {opts.txt_split!r}")
+    if progress is not None:
+        progress(tell())
 
 
-def _parquet(path: str, opts: SourceOptions, storage_options: dict | None) -> Iterator[str]:
-    import pyarrow.parquet as pq
+def _json_text(path: str, lineno: int, line: str, field: str) -> str:
+    """The text of one .jsonl line."""
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise InputError(f"{path}, line {lineno}: not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise InputError(
+            f"{path}, line {lineno}: a JSON {type(obj).__name__}, not an object with a "
+            f"{field!r} field"
+        )
+    if field not in obj:
+        fields = ", ".join(repr(k) for k in obj) or "none"
+        raise InputError(
+            f"{path}, line {lineno}: no field {field!r} (fields: {fields}); "
+            "name the text field with --text-field"
+        )
+    text = obj[field]
+    if not isinstance(text, str):
+        raise InputError(
+            f"{path}, line {lineno}: field {field!r} is a {type(text).__name__}, not a string"
+        )
+    return text
 
-    with fsspec.open(path, "rb", **(storage_options or {})) as fh:
+
+def _parquet(
+    path: str, opts: SourceOptions, storage_options: dict | None, progress: Progress | None
+) -> Iterator[str]:
+    pq = require("pyarrow.parquet", "parquet", f"{path}: reading .parquet", InputError)
+    fs, fpath = _url_to_fs(path, storage_options)
+    size = int(fs.size(fpath))
+    with fs.open(fpath, "rb") as fh:
         try:
             pf = pq.ParquetFile(fh)
         except Exception as exc:
@@ -118,7 +182,12 @@ def _parquet(path: str, opts: SourceOptions, storage_options: dict | None) -> It
             raise InputError(
                 f"{path}: no column {opts.text_column!r} (columns: {', '.join(pf.schema_arrow.names)})"
             )
+        rows = max(1, pf.metadata.num_rows)
+        done = 0
         for batch in pf.iter_batches(columns=[opts.text_column], batch_size=1024):
             for text in batch.column(0).to_pylist():
                 if text is not None:
                     yield text
+            done += batch.num_rows
+            if progress is not None:
+                progress(size * done // rows)  # bytes in proportion to the rows read

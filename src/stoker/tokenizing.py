@@ -1,9 +1,16 @@
-"""``build-tokens``: tokenize text sources in parallel and write a token dataset."""
+"""``build-tokens``: tokenize text sources in parallel and write a token dataset.
+
+Needs ``stoker[build]`` (the ``tokenizers`` package). Progress is counted in
+bytes of the source files (their sizes are known before any work), so a
+progress bar has a total and an ETA.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import InputError
+from stoker.extras import require
 from stoker.formats.token_writer import TokenWriter, WriteOptions, tokenizer_info
 from stoker.ingest import SourceOptions, check_sources, iter_texts
 from stoker.manifest import Manifest
@@ -19,11 +27,27 @@ EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 _BATCH_DOCS = 256
 
 
-def load_tokenizer(path: str) -> Any:
-    from tokenizers import Tokenizer
+#: How to get a tokenizer file, for the errors that ask for one.
+TOKENIZER_HELP = (
+    "point --tokenizer at a Hugging Face tokenizers JSON file (the tokenizer.json "
+    "published with most models on the Hugging Face Hub), or train one with the "
+    "tokenizers package: Tokenizer(models.BPE()), tokenizer.train([...text files], "
+    'trainers.BpeTrainer(vocab_size=32000, special_tokens=["<|endoftext|>"])), '
+    'tokenizer.save("tokenizer.json") (README.md, "Quick start")'
+)
 
+
+def load_tokenizer(path: str) -> Any:
+    """The ``tokenizers.Tokenizer`` in the JSON file at ``path``; InputError if there is none."""
+    tokenizers = require("tokenizers", "build", "build-tokens", InputError)
+    if os.path.isdir(path):
+        inside = os.path.join(path, "tokenizer.json")
+        hint = f"use {inside}" if os.path.isfile(inside) else TOKENIZER_HELP
+        raise InputError(f"{path}: --tokenizer is a directory, not a tokenizer file; {hint}")
+    if not os.path.exists(path):
+        raise InputError(f"{path}: tokenizer file not found; {TOKENIZER_HELP}")
     try:
-        return Tokenizer.from_file(path)
+        return tokenizers.Tokenizer.from_file(path)
     except Exception as exc:
         raise InputError(
             f"{path}: tokenizer file does not load ({type(exc).__name__}: {exc})"
@@ -57,24 +81,46 @@ def _encode(texts: list[str]) -> list[np.ndarray]:
 
 @dataclass
 class BuildStats:
+    """Progress of a build. ``source_bytes`` of ``total_bytes`` (the sources' sizes as
+    stored) are tokenized and written; ``text_bytes`` counts the UTF-8 text read."""
+
     documents: int = 0
     tokens: int = 0
     text_bytes: int = 0
     seconds: float = 0.0
+    source_bytes: int = 0
+    total_bytes: int = 0
 
 
 def _batches(
-    paths: list[str], opts: SourceOptions, storage_options: dict | None, stats: BuildStats
+    sources: list[tuple[str, int]],
+    opts: SourceOptions,
+    storage_options: dict | None,
+    stats: BuildStats,
+    ends: deque[int],
 ) -> Iterator[list[str]]:
+    """Batches of documents; before each, the source bytes read up to its end go in ``ends``
+    (a pool may read batches ahead: the caller counts a batch's bytes when it is written)."""
     batch: list[str] = []
-    for path in paths:
-        for text in iter_texts(path, opts, storage_options):
+    before = 0  # bytes of the sources before the current one
+    read = 0
+
+    def progress(n: int) -> None:
+        nonlocal read
+        read = before + n
+
+    for path, size in sources:
+        for text in iter_texts(path, opts, storage_options, progress):
             stats.text_bytes += len(text.encode("utf-8", "ignore"))
             batch.append(text)
             if len(batch) >= _BATCH_DOCS:
+                ends.append(read)
                 yield batch
                 batch = []
+        before += size
+        read = before
     if batch:
+        ends.append(read)
         yield batch
 
 
@@ -92,10 +138,13 @@ def build_tokens(
     overwrite: bool = False,
     progress: Callable[[BuildStats], None] | None = None,
 ) -> tuple[Manifest, BuildStats]:
-    """Tokenize ``sources`` with the tokenizer file and write a dataset at ``out``."""
+    """Tokenize ``sources`` with the tokenizer file and write a dataset at ``out``.
+
+    ``progress(stats)`` is called after each batch of documents is written.
+    """
     tokenizer = load_tokenizer(tokenizer_path)
     eos_name, eos_id = eos_of(tokenizer, tokenizer_path, eos_token)
-    check_sources(sources, source_storage_options)
+    sized = check_sources(sources, source_storage_options)
     info, tok_json = tokenizer_info(tokenizer_path, eos_name)
     writer = TokenWriter(
         out,
@@ -107,10 +156,15 @@ def build_tokens(
         storage_options=storage_options,
         overwrite=overwrite,
     )
-    stats = BuildStats()
+    stats = BuildStats(total_bytes=sum(size for _, size in sized))
     start = time.perf_counter()
     workers = workers or max(1, mp.cpu_count())
-    batches = _batches(sources, source_options or SourceOptions(), source_storage_options, stats)
+    ends: deque[int] = deque()
+    if progress is not None:
+        progress(stats)  # the total, before any work
+    batches = _batches(
+        sized, source_options or SourceOptions(), source_storage_options, stats, ends
+    )
     with writer:
         if workers == 1:
             _init_worker(tokenizer_path)
@@ -125,6 +179,7 @@ def build_tokens(
                     writer.add(doc)
                     stats.documents += 1
                     stats.tokens += len(doc) + 1
+                stats.source_bytes = ends.popleft()
                 stats.seconds = time.perf_counter() - start
                 if progress is not None:
                     progress(stats)

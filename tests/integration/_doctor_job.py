@@ -58,6 +58,7 @@ def main() -> int:
     ap.add_argument("--cache-limit", type=int, default=64 << 30)
     ap.add_argument("--shm-limit", type=int, default=4 << 30)
     ap.add_argument("--window-shards", type=int, default=16)
+    ap.add_argument("--arena-blocks", type=int, help="decoded blocks a reader holds")
     ap.add_argument("--torch", action="store_true", help="torch DataLoader + stoker.Metered")
     ap.add_argument("--transform-ms", type=float, default=0.0, help="CPU per sample (--torch)")
     ap.add_argument("--slow-worker", type=int, help="the transform costs in this worker only")
@@ -72,7 +73,7 @@ def main() -> int:
     ds = stoker.TokenDataset(
         a.dataset, a.seq_len, batch_size=a.batch, cache_dir=a.cache_dir,
         cache_limit=a.cache_limit, shm_limit=a.shm_limit, window_shards=a.window_shards,
-        agent=None if a.cache_dir else False,
+        agent=None if a.cache_dir else False, arena_blocks=a.arena_blocks,
     )  # fmt: skip
     loader: Any
     if a.torch:

@@ -95,9 +95,25 @@ def test_a_healthy_run_is_gpu_bound(dataset: Written, jobs: Jobs) -> None:
     assert "unreachable" not in top
 
 
-def test_decode_bound_workers_are_named(dataset: Written, jobs: Jobs) -> None:
-    # no compute at all and one worker decoding every block itself: the worker is the limit
-    port, proc = jobs.start("--dataset", str(dataset.path), "--workers", "1", "--seq-len", "2048")
+@pytest.fixture(scope="module")
+def big_blocks(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    """~1.3M tokens in 20 blocks of 2^16 tokens."""
+    root = tmp_path_factory.mktemp("doctor-big-blocks")
+    return write_dataset(root / "ds", num_docs=4400, seed=9, block_tokens=1 << 16, max_len=600)
+
+
+def test_decode_bound_workers_are_named(big_blocks: Written, jobs: Jobs) -> None:
+    # no compute at all and one worker decoding every block itself: the worker is the limit.
+    # By construction, not by timing: the worker holds 2 of the 20 blocks and a batch is 512
+    # samples of 17 tokens spread over the whole dataset, so it decodes a 2^16-token block
+    # for nearly every sample (tens of ms of CPU a batch) while the main process copies 512 x 17
+    # tokens out (well under 1 ms). The worker's time between batches (its send, a wake-up
+    # of the main process, a slot back) is then a few percent of its time even when the
+    # machine is loaded, against the doctor's 85% busy threshold.
+    port, proc = jobs.start(
+        "--dataset", str(big_blocks.path), "--workers", "1", "--seq-len", "16", "--batch", "512",
+        "--arena-blocks", "2",
+    )  # fmt: skip
     jobs.ready(proc)
     d = doctor(port)
     assert d["bottleneck"] == "cpu", d
