@@ -58,6 +58,7 @@ then the same code as on a GPU, less the page-locking.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import warnings
@@ -75,6 +76,53 @@ Batch = dict[str, Any]
 
 #: Seconds :meth:`DevicePrefetcher.close` waits for the thread to leave ``next(loader)``.
 JOIN_TIMEOUT = 60.0
+
+
+#: Set to 1 to make a CUDA device asked for on a machine without CUDA an error.
+STRICT_ENV = "STOKER_STRICT_DEVICE"
+_warned_devices: set[str] = set()  # CUDA devices asked for without CUDA, warned about once
+
+
+def _strict_from_env() -> bool:
+    raw = os.environ.get(STRICT_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"environment variable {STRICT_ENV}={raw!r} must be 1 or 0")
+
+
+def resolve_device(device: torch.device | str | None, strict: bool | None = None) -> torch.device:
+    """The device batches go to: ``device``, or CUDA when present and none is given.
+
+    A CUDA device asked for on a machine without CUDA leaves batches on the CPU
+    (the same script runs on a laptop) with one ``RuntimeWarning`` per device and
+    process; with ``strict`` (default: the ``STOKER_STRICT_DEVICE`` environment
+    variable, ``1`` or ``0``) it is a :class:`~stoker.errors.ConfigError` instead.
+    """
+    cuda = torch.cuda.is_available()
+    dev = torch.device(device if device is not None else ("cuda" if cuda else "cpu"))
+    if dev.type == "cuda" and not cuda:
+        if _strict_from_env() if strict is None else strict:
+            raise ConfigError(
+                f"device {str(dev)!r} was asked for but CUDA is not available "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                'install a CUDA build of torch, or pass device="cpu"'
+            )
+        if str(dev) not in _warned_devices:
+            _warned_devices.add(str(dev))
+            warnings.warn(
+                f"device {str(dev)!r} was asked for but CUDA is not available: batches stay "
+                f"on the CPU (set {STRICT_ENV}=1 to make this an error)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return torch.device("cpu")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cuda", "cpu"):
+        raise ConfigError(f"device must be a CUDA device or cpu, got {dev}")
+    return dev
 
 
 def narrow_dtype(vocab_size: int) -> torch.dtype | None:
@@ -366,6 +414,7 @@ class _Run:
         self.ended = False  # training took the end of the pass
         self.done = False  # the thread finished (loader closed, buffers freed)
         self.in_flight = 0
+        self.taken = 0  # batches training took
         self._items: deque[tuple[Any, ...]] = deque()
         self._cv = threading.Condition()
         self._stop = False
@@ -466,7 +515,9 @@ class DevicePrefetcher:
     Without CUDA, or with ``device="cpu"``, batches pass through unchanged
     (apart from ``widen``), read ahead by the same thread. ``stage=True``
     forces the copy path there too, with host copies standing in for the
-    transfers (tests, benchmarks, ``TokenLoader(device=...)``).
+    transfers (tests, benchmarks, ``TokenLoader(device=...)``). A CUDA device
+    asked for without CUDA warns once (``RuntimeWarning``), or with ``strict=True``
+    (or ``STOKER_STRICT_DEVICE=1``) raises a ``ConfigError`` (:func:`resolve_device`).
 
     Batches a loader lends (:class:`~stoker.pinned.Lent`, from
     ``TokenLoader(device=...)``) are copied straight from the loader's
@@ -500,17 +551,11 @@ class DevicePrefetcher:
         transfer: Mapping[str, torch.dtype] | None = None,
         stage: bool | None = None,
         time_copies: bool = False,
+        strict: bool | None = None,
     ) -> None:
         if depth < 1:
             raise ConfigError(f"depth must be >= 1, got {depth}")
-        cuda = torch.cuda.is_available()
-        dev = torch.device(device if device is not None else ("cuda" if cuda else "cpu"))
-        if dev.type == "cuda" and not cuda:
-            dev = torch.device("cpu")  # the same script runs on a machine without a GPU
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        if dev.type not in ("cuda", "cpu"):
-            raise ConfigError(f"device must be a CUDA device or cpu, got {dev}")
+        dev = resolve_device(device, strict)
         self.loader = loader
         self.device = dev
         self.depth = depth
@@ -521,6 +566,7 @@ class DevicePrefetcher:
         self._snapshot = _snapshotter(loader)
         self._run: _Run | None = None
         self._state: Snapshot | None = None  # as of the last batch handed out, while it differs
+        self._suspended: _Run | None = None  # a broken-off pass to continue
         self._stats = LoaderStats(rank=-1)
         placement = getattr(getattr(loader, "dataset", None), "_placement", None)
         self._exported = METRICS.device(placement().rank if callable(placement) else 0)
@@ -539,12 +585,27 @@ class DevicePrefetcher:
         return mover
 
     def __iter__(self) -> Iterator[Batch]:
-        self.close()
-        start = self._snapshot() if self._snapshot is not None else None
-        run = self._run = _Run(self.loader, self._mover, self._snapshot, self.depth)
-        self._state = start
+        """A pass over the loader.
+
+        Breaking out of a pass and iterating again delivers nothing twice and loses
+        nothing: for a loader whose state says what it handed out (a static
+        :class:`~stoker.TokenLoader`, torchdata's StatefulDataLoader) the loader goes
+        back to the state of the last batch training took, and what was read ahead
+        is read again; a coordinator-fed loader's pass (its batches are confirmed
+        as they are read) is kept as it is, read-ahead included, and continued. After
+        a whole pass the loader runs its next epoch.
+        """
+        suspended, self._suspended = self._suspended, None
+        if suspended is not None:
+            run = suspended
+        else:
+            self.close()
+            start = self._snapshot() if self._snapshot is not None else None
+            run = self._run = _Run(self.loader, self._mover, self._snapshot, self.depth)
+            self._state = start
         stats = self._stats
         handed: float | None = None
+        keep = False
         try:
             while True:
                 asked = time.perf_counter()
@@ -557,6 +618,7 @@ class DevicePrefetcher:
                 _, batch, event, snap = item
                 assert run.mover is not None
                 run.mover.hand_over(batch, event)
+                run.taken += 1
                 self._state = snap
                 got = time.perf_counter()
                 ids, toks = batch.get("sample_id"), batch.get("tokens")
@@ -570,9 +632,16 @@ class DevicePrefetcher:
                 with METRICS.lock:
                     self._exported.handed(*figures)
                 handed = got
-                yield batch
+                try:
+                    yield batch
+                except GeneratorExit:
+                    keep = getattr(self.loader, "coordinator", None) is not None
+                    raise
         finally:
-            self._finish(run)
+            if keep:
+                self._suspended = run  # continued by the next pass
+            else:
+                self._finish(run)
 
     def _finish(self, run: _Run) -> None:
         run.close()
@@ -580,11 +649,29 @@ class DevicePrefetcher:
             self._run = None
             if run.ended:  # a whole pass: nothing read ahead, the loader's own state is exact
                 self._state = None
+            elif (
+                self._state is not None
+                and getattr(self.loader, "coordinator", None) is None
+                and callable(getattr(self.loader, "load_state_dict", None))
+            ):
+                # a pass cut short: the loader goes back to the last batch training took,
+                # so its len(), its state and its next pass agree with what was delivered
+                self.loader.load_state_dict(self._state())  # type: ignore[attr-defined]
+
+    def suspended_taken(self) -> int | None:
+        """Batches training took in a broken-off pass that the next one continues."""
+        return None if self._suspended is None else self._suspended.taken
 
     def close(self) -> None:
-        """Stop reading ahead: the thread ends, the staging buffers are freed."""
+        """Stop reading ahead: the thread ends, the staging buffers are freed. A
+        coordinator-fed loader's broken-off pass is ended too (what it had read ahead
+        was confirmed: continue from a state taken before, see :meth:`state_dict`)."""
+        self._suspended = None
         if self._run is not None:
             self._finish(self._run)
+        drop = getattr(self.loader, "_drop_suspended", None)
+        if callable(drop):
+            drop()
 
     def __enter__(self) -> DevicePrefetcher:
         return self

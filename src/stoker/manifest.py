@@ -18,11 +18,13 @@ range request fetches both.
 from __future__ import annotations
 
 import json
-import posixpath
-from dataclasses import asdict, dataclass, field
+import re
+import urllib.parse
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from stoker.errors import ManifestError, UnsupportedFormatError
 
@@ -43,6 +45,15 @@ INDEX_DTYPE = np.dtype(
 )
 
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+#: The largest block a reader will decode (256 MiB of uint16); the writer's default is 2^19.
+MAX_BLOCK_TOKENS = 1 << 27
+#: zstd's compression levels (negative levels are its fast modes).
+_LEVELS = (-(1 << 17), 22)
+#: What a path segment in a manifest may hold: what the writer produces, and nothing a
+#: backend would decode or interpret (percent-escapes, query strings, drive letters).
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+#: Fields that change how a reader decodes the data, covered by ``decode_xxh64``.
+_INFORMATIONAL = ("compressed_bytes", "created", "writer", "tokenizer", "decode_xxh64")
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,9 @@ class Manifest:
     writer: str = ""
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
+    #: xxh64 of every field that changes decoding (see :meth:`decode_digest`); None in
+    #: datasets written before it existed.
+    decode_xxh64: str | None = None
 
     # -- geometry -------------------------------------------------------
     @property
@@ -133,6 +147,24 @@ class Manifest:
             raise ManifestError(f"{where}: expected a JSON object, got {type(raw).__name__}")
         return cls.from_dict(raw, where)
 
+    def decode_digest(self) -> str:
+        """xxh64 (hex) of every field that changes how blocks are found and decoded:
+        geometry, dtype, vocabulary, codec settings, files, index and dictionary (not
+        the informational ones: tokenizer, sizes, dates, writer, compression level).
+        Block checksums cover the bytes of the data; this covers how they are read."""
+        raw = asdict(self)
+        for name in _INFORMATIONAL:
+            raw.pop(name, None)
+        comp = raw["compression"]
+        raw["compression"] = {"codec": comp["codec"], "shuffle": comp["shuffle"],
+                              "dictionary": comp["dictionary"]}  # fmt: skip
+        text = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+        return f"{xxhash.xxh64_intdigest(text.encode()):016x}"
+
+    def sealed(self) -> Manifest:
+        """This manifest with its :attr:`decode_xxh64` set (what a writer stores)."""
+        return replace(self, decode_xxh64=self.decode_digest())
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "manifest.json") -> Manifest:
         fmt = raw.get("format")
@@ -158,30 +190,44 @@ class Manifest:
             )
         dictionary = comp.get("dictionary")
         tok = raw.get("tokenizer")
+        vocab_size = get.integer("vocab_size", minimum=1, maximum=1 << 32)
+        num_tokens = get.integer("num_tokens", minimum=1, maximum=1 << 62)
         manifest = cls(
-            dataset_id=get.text("dataset_id"),
+            dataset_id=get.text("dataset_id", pattern=_SEGMENT),
             dtype=dtype,
-            vocab_size=get.integer("vocab_size", minimum=1),
-            eos_id=get.opt_int("eos_id"),
-            num_tokens=get.integer("num_tokens", minimum=1),
-            num_documents=get.integer("num_documents", minimum=0),
-            block_tokens=get.integer("block_tokens", minimum=1),
-            blocks_per_file=get.integer("blocks_per_file", minimum=1),
-            files=tuple(_file_ref(f, where) for f in get.items("files")),
-            index=_file_ref(get.obj("index"), where),
+            vocab_size=vocab_size,
+            eos_id=get.opt_int("eos_id", minimum=0, maximum=vocab_size - 1),
+            num_tokens=num_tokens,
+            num_documents=get.integer("num_documents", minimum=0, maximum=num_tokens),
+            block_tokens=get.integer("block_tokens", minimum=1, maximum=MAX_BLOCK_TOKENS),
+            blocks_per_file=get.integer("blocks_per_file", minimum=1, maximum=1 << 32),
+            files=tuple(
+                _file_ref(f, f"{where}: files[{i}]") for i, f in enumerate(get.items("files"))
+            ),
+            index=_file_ref(get.obj("index"), f"{where}: index"),
             compression=Compression(
                 codec="zstd",
-                level=cget.integer("level", minimum=-(2**17)),
-                shuffle=bool(comp.get("shuffle", False)),
-                dictionary=None if dictionary is None else _file_ref(dictionary, where),
-                min_match=cget.opt_int("min_match"),
+                level=cget.integer("level", minimum=_LEVELS[0], maximum=_LEVELS[1]),
+                shuffle=cget.boolean("shuffle", default=False),
+                dictionary=None
+                if dictionary is None
+                else _file_ref(dictionary, f"{where}: compression.dictionary"),
+                min_match=cget.opt_int("min_match", minimum=3, maximum=7),
             ),
             tokenizer=None if tok is None else _tokenizer(tok, where),
-            compressed_bytes=int(raw.get("compressed_bytes", 0)),
-            created=str(raw.get("created", "")),
-            writer=str(raw.get("writer", "")),
+            compressed_bytes=get.integer("compressed_bytes", minimum=0, default=0),
+            created=get.text("created", default=""),
+            writer=get.text("writer", default=""),
+            decode_xxh64=get.opt_hex("decode_xxh64"),
         )
         manifest.validate(where)
+        if manifest.decode_xxh64 is not None and manifest.decode_xxh64 != manifest.decode_digest():
+            raise ManifestError(
+                f"{where}: the fields that say how to decode the data (dataset_id, dtype, "
+                "vocab_size, eos_id, num_tokens, num_documents, block_tokens, blocks_per_file, "
+                "files, index, compression codec, shuffle and dictionary) do not match the manifest's decode_xxh64: the manifest "
+                "was edited after it was written; rewrite the dataset or restore the manifest"
+            )
         return manifest
 
     def validate(self, where: str = "manifest.json") -> None:
@@ -201,34 +247,41 @@ class Manifest:
 
 
 def safe_relpath(path: str, where: str) -> str:
-    """Reject paths that would leave the dataset directory."""
+    """``path`` if it names a file inside the dataset directory on every backend.
+
+    A manifest's paths are what the writer produces (``data/<id>-00000.bin``):
+    relative, ``/``-separated segments of letters, digits, ``.``, ``_`` and ``-``, none
+    of them ``.`` or ``..``. Anything else is refused rather than normalised, because
+    each backend decodes differently: an HTTP origin turns ``%2e%2e`` into ``..``, a
+    URL treats ``?`` and ``#`` as the end of the path, Windows and fsspec read ``c:``
+    as a drive or protocol.
+    """
     if not isinstance(path, str) or not path:
         raise ManifestError(f"{where}: file path {path!r} is not a non-empty string")
-    norm = posixpath.normpath(path)
+    decoded = urllib.parse.unquote(path)
+    segments = path.split("/")
     if (
-        "://" in path
-        or path.startswith(("/", "\\", "~"))
-        or "\\" in path
-        or norm == ".."
-        or norm.startswith("../")
-        or ":" in norm.split("/")[0]
+        decoded != path
+        or len(path) > 1024
+        or not all(_SEGMENT.fullmatch(seg) for seg in segments)
+        or any(seg in (".", "..") for seg in decoded.split("/"))
     ):
         raise ManifestError(
-            f"{where}: file path {path!r} points outside the dataset; "
-            "manifest paths must be relative and stay inside the dataset directory"
+            f"{where}: file path {path!r} is refused: it could point outside the dataset on "
+            "some backend. Manifest paths are relative, made of '/'-separated names of "
+            "letters, digits, '.', '_' and '-' (no '..', no percent-escapes)"
         )
-    return norm
+    return path
 
 
 def _file_ref(raw: Any, where: str) -> FileRef:
     if not isinstance(raw, dict):
         raise ManifestError(f"{where}: a file entry is {type(raw).__name__}, expected an object")
-    get = _Fields(raw, f"{where}: file entry")
-    xxh = raw.get("xxh64")
+    get = _Fields(raw, where)
     return FileRef(
         path=safe_relpath(get.text("path"), where),
-        bytes=get.integer("bytes", minimum=0),
-        xxh64=None if xxh is None else str(xxh),
+        bytes=get.integer("bytes", minimum=0, maximum=1 << 62),
+        xxh64=get.opt_hex("xxh64"),
     )
 
 
@@ -236,13 +289,17 @@ def _tokenizer(raw: Any, where: str) -> TokenizerInfo:
     if not isinstance(raw, dict):
         raise ManifestError(f"{where}: field 'tokenizer' must be an object or null")
     get = _Fields(raw, f"{where}: tokenizer")
-    path = raw.get("path")
+    path = get.opt_text("path")
     return TokenizerInfo(
         name=get.text("name"),
         sha256=get.text("sha256"),
-        eos_token=raw.get("eos_token"),
-        path=None if path is None else safe_relpath(path, where),
+        eos_token=get.opt_text("eos_token"),
+        path=None if path is None else safe_relpath(path, f"{where}: tokenizer"),
     )
+
+
+_MISSING = object()
+_HEX64 = re.compile(r"[0-9a-f]{16}")
 
 
 class _Fields:
@@ -251,27 +308,62 @@ class _Fields:
     def __init__(self, raw: dict[str, Any], where: str) -> None:
         self.raw, self.where = raw, where
 
-    def _get(self, name: str) -> Any:
+    def _get(self, name: str, default: Any = _MISSING) -> Any:
         if name not in self.raw:
+            if default is not _MISSING:
+                return default
             raise ManifestError(f"{self.where}: required field {name!r} is missing")
         return self.raw[name]
 
-    def text(self, name: str) -> str:
-        value = self._get(name)
+    def text(
+        self, name: str, default: Any = _MISSING, pattern: re.Pattern[str] | None = None
+    ) -> str:
+        value = self._get(name, default)
         if not isinstance(value, str):
             raise ManifestError(f"{self.where}: field {name!r} must be a string, got {value!r}")
+        if pattern is not None and not pattern.fullmatch(value):
+            raise ManifestError(
+                f"{self.where}: field {name!r} is {value!r}, which is not of the form "
+                f"{pattern.pattern}"
+            )
         return value
 
-    def integer(self, name: str, minimum: int | None = None) -> int:
-        value = self._get(name)
+    def opt_text(self, name: str) -> str | None:
+        return None if self.raw.get(name) is None else self.text(name)
+
+    def opt_hex(self, name: str) -> str | None:
+        """An optional xxh64 checksum: 16 lowercase hex digits."""
+        return None if self.raw.get(name) is None else self.text(name, pattern=_HEX64)
+
+    def integer(
+        self,
+        name: str,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        default: Any = _MISSING,
+    ) -> int:
+        value = self._get(name, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ManifestError(f"{self.where}: field {name!r} must be an integer, got {value!r}")
         if minimum is not None and value < minimum:
             raise ManifestError(f"{self.where}: field {name!r} is {value}, must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise ManifestError(f"{self.where}: field {name!r} is {value}, must be <= {maximum}")
         return value
 
-    def opt_int(self, name: str) -> int | None:
-        return None if self.raw.get(name) is None else self.integer(name)
+    def opt_int(
+        self, name: str, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
+        return None if self.raw.get(name) is None else self.integer(name, minimum, maximum)
+
+    def boolean(self, name: str, default: Any = _MISSING) -> bool:
+        value = self._get(name, default)
+        if not isinstance(value, bool):
+            raise ManifestError(
+                f"{self.where}: field {name!r} must be true or false (a JSON boolean), "
+                f"got {value!r}"
+            )
+        return value
 
     def obj(self, name: str) -> dict[str, Any]:
         value = self._get(name)
@@ -287,9 +379,36 @@ class _Fields:
 
 
 def parse_index(data: bytes, manifest: Manifest, where: str) -> np.ndarray:
-    """Decode the block index and check it against the manifest."""
-    if len(data) != manifest.num_blocks * INDEX_DTYPE.itemsize:
+    """Decode the block index and check every entry against the manifest: each block
+    record lies inside its data file, holds a tokens frame, and has no more document
+    starts than tokens."""
+    m = manifest
+    if len(data) != m.num_blocks * INDEX_DTYPE.itemsize:
         raise ManifestError(
-            f"{where}: {len(data)} bytes, expected {manifest.num_blocks * INDEX_DTYPE.itemsize}"
+            f"{where}: {len(data)} bytes, expected {m.num_blocks * INDEX_DTYPE.itemsize}"
         )
-    return np.frombuffer(data, dtype=INDEX_DTYPE)
+    index = np.frombuffer(data, dtype=INDEX_DTYPE)
+    if not len(index):
+        return index
+    blocks = np.arange(m.num_blocks)
+    sizes = np.array([f.bytes for f in m.files], dtype=np.uint64)[blocks // m.blocks_per_file]
+    lens = np.minimum(m.block_tokens, m.num_tokens - blocks * m.block_tokens)
+    end = index["offset"] + index["token_bytes"].astype(np.uint64) + index["bounds_bytes"]
+    bad = (
+        (index["token_bytes"] == 0)
+        | (index["offset"] > sizes)
+        | (end > sizes)
+        | (index["doc_starts"] > lens)
+        | ((index["doc_starts"] > 0) & (index["bounds_bytes"] == 0))
+    )
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        e = index[b]
+        ref = m.block_file(b)
+        raise ManifestError(
+            f"{where}: entry of block {b} does not fit the manifest: record "
+            f"[{int(e['offset'])}, {int(end[b])}) in {ref.path} ({ref.bytes} bytes), tokens "
+            f"frame {int(e['token_bytes'])} bytes, {int(e['doc_starts'])} document starts "
+            f"for {int(lens[b])} tokens"
+        )
+    return index

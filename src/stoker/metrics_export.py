@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from stoker.metrics import METRICS, combine, delta
+from stoker.runtime import alive
 
 #: Seconds between a DataLoader worker's writes of its totals (and at its end).
 EXPORT_INTERVAL = 0.5
@@ -166,16 +167,6 @@ class _Schedstat:
         return time.thread_time(), 0.0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Exported:
     """This process's DataLoader workers' totals: the live ones' files, plus the
     folded totals of workers that exited (whose files are then removed)."""
@@ -204,13 +195,13 @@ class Exported:
                     if not name.endswith(".json"):
                         continue
                     path = os.path.join(d, name)
-                    alive = _alive(int(name[: -len(".json")]))  # before reading: if it is
+                    running = alive(int(name[: -len(".json")]))  # before reading: if it is
                     try:  # gone, what the file holds is final
                         with open(path) as f:
                             body = json.load(f)
                     except (OSError, ValueError):
                         continue
-                    if alive:
+                    if running:
                         live.append(body)
                     else:  # it wrote its last; keep the totals, drop the file
                         self.retired.append(body)
@@ -276,7 +267,7 @@ def _sweep() -> None:
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
             pid = name[len("stoker-metrics-") :]
-            if name.startswith("stoker-metrics-") and pid.isdigit() and not _alive(int(pid)):
+            if name.startswith("stoker-metrics-") and pid.isdigit() and not alive(int(pid)):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 

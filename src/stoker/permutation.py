@@ -26,7 +26,7 @@ def derive_key(*parts: int) -> int:
     """A 64-bit key from integers (seed, epoch, window, ...)."""
     key = 0x5EED5EED5EED5EED
     for part in parts:
-        key = mix64(key ^ mix64(part & _M64))
+        key = mix64(key ^ mix64(int(part) & _M64))
     return key
 
 

@@ -129,7 +129,24 @@ def test_other_format(dataset: Written) -> None:
 
 @pytest.mark.parametrize(
     "bad_path",
-    ["../x.bin", "data/../../x.bin", "/etc/passwd", "s3://other/x", "file:///etc/passwd", "~/x"],
+    [
+        "../x.bin",
+        "data/../../x.bin",
+        "/etc/passwd",
+        "s3://other/x",
+        "file:///etc/passwd",
+        "~/x",
+        # what a backend decodes: an HTTP origin turns %2e%2e into .., a URL ends at ? or #
+        "%2e%2e/x.bin",
+        "data/%2E%2E/%2e%2e/x.bin",
+        "..%2fx.bin",
+        "data/x.bin?../../x.bin",
+        "data/x.bin#frag",
+        "c:/x.bin",
+        "data\\..\\..\\x.bin",
+        "./data/../../x.bin",
+        "data//x.bin",
+    ],
 )
 @pytest.mark.parametrize("where", ["data-file", "index", "dictionary", "tokenizer"])
 def test_paths_outside_the_dataset(dataset: Written, bad_path: str, where: str) -> None:

@@ -289,6 +289,10 @@ def test_coordinator_state_is_asked_for_only_when_saved() -> None:
     assert ld.last_epoch.batches == 13  # three batches in flight
     assert [int(b["sample_id"]) for b in got] == list(range(10))
     it.close()
+    # a coordinator-fed pass broken off is kept, its read-ahead included, and continued
+    assert p.suspended_taken() == 10
+    assert [int(b["sample_id"]) for b in p] == list(range(10, 50))
+    assert p._suspended is None
 
 
 def test_state_at_is_for_a_loader_fed_by_a_coordinator(data: SmallDataset) -> None:

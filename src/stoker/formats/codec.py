@@ -100,21 +100,52 @@ class BlockCodec:
         return cctx.compress(raw), cctx.compress(bounds)
 
     def decode(
-        self, record: bytes | memoryview, token_bytes: int, num_tokens: int
+        self,
+        record: bytes | memoryview,
+        token_bytes: int,
+        num_tokens: int,
+        num_starts: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens and document starts of a block record (read-only arrays)."""
+        """Tokens and document starts of a block record (read-only arrays).
+
+        Neither frame may decompress to more than the block holds (``num_tokens``
+        tokens, ``num_starts`` uint32 offsets): a frame whose header claims more is
+        refused before anything is allocated, so a forged record cannot make a
+        reader (or the node agent) allocate what its header claims. Raises
+        ``ValueError`` for a record that does not fit.
+        """
         view = memoryview(record)
         dctx = self._dctx()
-        raw = dctx.decompress(view[:token_bytes], max_output_size=num_tokens * self.dtype.itemsize)
-        if len(raw) != num_tokens * self.dtype.itemsize:
+        want = num_tokens * self.dtype.itemsize
+        raw = _bounded(dctx, view[:token_bytes], want, "tokens")
+        if len(raw) != want:
             raise ValueError(
                 f"block holds {len(raw)} bytes of tokens, expected {num_tokens} tokens"
             )
         tokens = (
             unshuffle_bytes(raw, self.dtype) if self.shuffle else np.frombuffer(raw, self.dtype)
         )
-        bounds_raw = dctx.decompress(view[token_bytes:]) if len(view) > token_bytes else b""
+        limit = 4 * (num_tokens if num_starts is None else num_starts)
+        bounds_raw = (
+            _bounded(dctx, view[token_bytes:], limit, "document starts")
+            if len(view) > token_bytes
+            else b""
+        )
+        if len(bounds_raw) % 4:
+            raise ValueError(f"document starts frame of {len(bounds_raw)} bytes is not uint32s")
         return tokens, np.frombuffer(bounds_raw, dtype="<u4")
+
+
+def _bounded(dctx: zstandard.ZstdDecompressor, frame: memoryview, limit: int, what: str) -> bytes:
+    """``frame`` decompressed, refusing to produce more than ``limit`` bytes."""
+    try:
+        claimed = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"{what} frame is not a zstd frame ({exc})") from exc
+    if claimed > limit:
+        raise ValueError(f"{what} frame claims {claimed} bytes, more than the {limit} it may hold")
+    # a frame that states no size is decompressed up to the limit at most
+    return dctx.decompress(frame, max_output_size=max(limit, 1))
 
 
 def train_dictionary(samples: list[bytes], size: int = 112 * 1024) -> bytes:

@@ -28,6 +28,7 @@ from stoker.formats.codec import BlockCodec, checksum, train_dictionary
 from stoker.manifest import (
     INDEX_DTYPE,
     MANIFEST_NAME,
+    MAX_BLOCK_TOKENS,
     Compression,
     FileRef,
     Manifest,
@@ -96,8 +97,10 @@ class TokenWriter:
         overwrite: bool = False,
     ) -> None:
         self.opts = opts = options or WriteOptions()
-        if opts.block_tokens < 1:
-            raise InputError(f"block_tokens must be >= 1, got {opts.block_tokens}")
+        if not 1 <= opts.block_tokens <= MAX_BLOCK_TOKENS:
+            raise InputError(
+                f"block_tokens must be in [1, {MAX_BLOCK_TOKENS}], got {opts.block_tokens}"
+            )
         if eos_id is not None and not 0 <= eos_id < vocab_size:
             raise InputError(f"eos_id {eos_id} is outside the vocabulary [0, {vocab_size})")
         self.storage = Storage(url, storage_options)
@@ -315,6 +318,7 @@ class TokenWriter:
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             writer=f"stoker {__version__}",
         )
+        manifest = manifest.sealed()
         manifest.validate()
         st.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
         self._remove_old(manifest)

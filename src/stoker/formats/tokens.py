@@ -11,12 +11,13 @@ import warnings
 from typing import Any, Protocol
 
 import numpy as np
+import zstandard
 
 from stoker.cache import BlockCache, NullCache
 from stoker.errors import ChecksumError, ManifestError
 from stoker.formats.codec import BlockCodec, checksum
 from stoker.manifest import MANIFEST_NAME, Manifest, parse_index
-from stoker.storage import Storage
+from stoker.storage import RetryPolicy, Storage
 
 
 class Metadata(Protocol):
@@ -43,8 +44,9 @@ class TokenSource:
         cache: BlockCache | None = None,
         storage: Storage | None = None,
         metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        self.storage = storage or Storage(url, storage_options)
+        self.storage = storage or Storage(url, storage_options, retry=retry)
         self.url = self.storage.url
         self.cache: BlockCache = cache if cache is not None else NullCache()
         served: bytes | None = None
@@ -119,10 +121,50 @@ class TokenSource:
 
     def block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and document starts of ``block``."""
+        return self.decode(block, self.record(block))
+
+    def decode(self, block: int, record: bytes | memoryview) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and document starts of ``block`` from its verified ``record``, checked
+        against the manifest: every process that decodes a block (a reader, a loader
+        worker, the node agent) goes through here.
+
+        A record that passed its checksum but does not decode to what the manifest says
+        (its length, the vocabulary, the number and range of document starts) means
+        the manifest and the data disagree: a :class:`ManifestError` naming the file
+        and the block, never tokens handed to training.
+        """
+        m = self.manifest
         entry = self.index[block]
-        return self.codec.decode(
-            self.record(block), int(entry["token_bytes"]), self.manifest.block_len(block)
-        )
+        n = m.block_len(block)
+        where = f"{self.storage.url_of(m.block_file(block).path)}: block {block}"
+        try:
+            tokens, starts = self.codec.decode(
+                record, int(entry["token_bytes"]), n, int(entry["doc_starts"])
+            )
+        except (ValueError, zstandard.ZstdError) as exc:
+            raise ManifestError(
+                f"{where} does not decode as the manifest describes it ({exc}); the manifest "
+                "does not belong to this data"
+            ) from exc
+        if len(starts) != int(entry["doc_starts"]):
+            raise ManifestError(
+                f"{where} holds {len(starts)} document starts, its index entry says "
+                f"{int(entry['doc_starts'])}"
+            )
+        if len(starts) and (
+            int(starts[-1]) >= n or (len(starts) > 1 and bool((np.diff(starts) <= 0).any()))
+        ):
+            raise ManifestError(
+                f"{where}: its document starts are not increasing offsets inside its {n} tokens"
+            )
+        top = int(tokens.max()) if n else 0
+        if top >= m.vocab_size:
+            raise ManifestError(
+                f"{where} holds token id {top}, outside the manifest's vocabulary "
+                f"[0, {m.vocab_size}): the manifest's dtype, vocab_size or compression settings "
+                "do not match the data"
+            )
+        return tokens, starts
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` (a convenience; readers use blocks directly)."""

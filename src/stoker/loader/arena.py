@@ -121,13 +121,11 @@ class BlockArena:
                     view = map_block(got.path, int(got.tokens), self.tokens.dtype)
                     pinned = True
                 else:
-                    record = got.record  # the agent had no room in shared memory
+                    # inline: the agent had no room in shared memory; empty: no agent answered
+                    record = got.record or None
             if not pinned:
                 if record is not None:
-                    entry = self.source.index[block]
-                    toks, starts = self.source.codec.decode(
-                        record, int(entry["token_bytes"]), self.source.manifest.block_len(block)
-                    )
+                    toks, starts = self.source.decode(block, record)
                 else:
                     toks, starts = self.source.block(block)
                 base = slot * self.bt

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import operator
 import os
+import uuid
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -15,6 +18,7 @@ from stoker import intervals, plan
 from stoker.cache import BlockCache, DiskCache
 from stoker.errors import ConfigError, StateError
 from stoker.formats.tokens import Metadata, TokenSource
+from stoker.loader import passes
 from stoker.loader import state as st
 from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.distributed import Placement, detect
@@ -23,6 +27,7 @@ from stoker.metrics_export import exported, worker_export
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
+    from stoker.storage import RetryPolicy
 
 #: Samples planned at a time; the reader looks one to two chunks ahead, far enough
 #: to decode the next shuffle window's blocks before the first of them is needed.
@@ -38,9 +43,13 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
 
     ``batch_size`` should equal the DataLoader's batch size: workers then take
     whole batches in turn, so the sample order does not depend on
-    ``num_workers``. Call :meth:`set_epoch` before each epoch when iterating
-    through DataLoader worker processes (in-process iteration advances by
-    itself).
+    ``num_workers``. Iterated in its own process it counts what it handed out:
+    iterating again after breaking out of a loop continues the epoch, and after the
+    epoch's end runs the next one. Through torch DataLoader worker processes, which
+    cannot report what was consumed, iterating again runs the next epoch (never the
+    same one twice; see :mod:`stoker.loader.passes`): call :meth:`set_epoch` before
+    each epoch to choose, or use torchdata's StatefulDataLoader or
+    :class:`~stoker.TokenLoader` to continue a broken-off epoch.
 
     Caching: with ``cache_dir`` (or an ``agent``) blocks are read through the
     node agent that owns that directory, started on first use if none runs:
@@ -54,6 +63,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
     coordinator was started with ``--dataset``) supplies the manifest and the
     block index, so that a large job does not read them from storage once per
     process.
+
+    ``retry`` (a :class:`~stoker.RetryPolicy`) sets the storage retry budget and
+    the deadline of each read (default: up to 20 attempts within 120 s).
     """
 
     def __init__(
@@ -78,6 +90,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         doc_starts: bool = True,
         arena_blocks: int | None = None,
         metadata: Metadata | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         super().__init__()
         if seq_len < 1:
@@ -93,7 +106,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         elif cache is None and cache_dir is not None:
             cache = DiskCache(cache_dir, cache_limit)
         self.agent: AgentClient | None = agent or None
-        self.source = TokenSource(url, storage_options, cache, metadata=metadata)
+        self.source = TokenSource(url, storage_options, cache, metadata=metadata, retry=retry)
         m = self.source.manifest
         if m.num_tokens < seq_len + 1:
             raise ConfigError(
@@ -103,6 +116,8 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.num_samples = (m.num_tokens - 1) // seq_len
+        seed, window_shards = operator.index(seed), operator.index(window_shards)
+        shard_size = None if shard_size is None else operator.index(shard_size)
         self.shuffle_config = plan.ShuffleConfig(seed, shuffle, shard_size, window_shards).resolve(
             seq_len
         )
@@ -116,6 +131,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         self._finished: dict[str, Any] | None = None  # a worker's state after its epoch ended
         self._progress: st.Progress | None = None
         self._worker: dict[str, int] | None = None
+        self._pass_key = uuid.uuid4().hex  # names this dataset's epochs in loader.passes
 
     # -- identity --------------------------------------------------------------
     @property
@@ -140,10 +156,16 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
 
         A state loaded for the same epoch stays in force; for another epoch it is dropped.
         """
+        epoch = operator.index(epoch)
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        self._pass_key = uuid.uuid4().hex  # what the workers of later passes run anew
         if epoch != self._epoch:
             self._next_set = None
             self._pending = None
             self._finished = None
+            self._progress = None  # a pass broken off in another epoch is not continued
+            self._worker = None
         self._epoch = epoch
 
     @property
@@ -154,9 +176,18 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         return detect(self.rank, self.world_size)
 
     def _begin(self, pl: Placement) -> tuple[st.Progress, int]:
-        """Progress to iterate and how many of this worker's samples to skip."""
-        if self._pending is not None:
-            progress, worker = st.restore(self._pending, pl.world, self.batch_size)
+        """Progress to iterate and how many of this worker's samples to skip.
+
+        A pass that was broken off (the caller stopped iterating before the epoch's
+        end) is continued from what it consumed, exactly as its :meth:`state_dict`
+        would restore it; so is a loaded state. Otherwise the epoch starts afresh.
+        """
+        pending = self._pending
+        if pending is None and self._progress is not None:
+            worker = dict(self._worker) if self._worker is not None else None
+            pending = st.build(self._identity(), self.drop_remainder, self._progress, worker)
+        if pending is not None:
+            progress, worker = st.restore(pending, pl.world, self.batch_size)
             skip = 0
             if worker is not None and (worker.get("worker"), worker.get("num_workers")) == (
                 pl.worker,
@@ -173,6 +204,9 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         return st.Progress(self._epoch, epoch_set, pl.world, self.batch_size), 0
 
     def __len__(self) -> int:
+        """Samples that iterating now delivers to this process (this rank, or this
+        DataLoader worker): the rest of the epoch in progress (after a restore or a
+        broken-off pass), else the whole of the next one."""
         pl = self._placement()
         progress, _ = self._begin(pl)
         n = progress.split.per_rank - progress.consumed
@@ -241,6 +275,7 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         self._worker = None
 
     def _start(self, pl: Placement) -> tuple[st.Progress, int]:
+        self._claim_epoch()
         progress, skip = self._begin(pl)
         self._finished = None
         self._pending = None
@@ -254,6 +289,43 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
         if pl.num_workers == 1 and skip:
             progress.consumed += skip
         return progress, skip
+
+    def _claim_epoch(self) -> None:
+        """In a torch DataLoader worker, run an epoch no earlier iteration of the loader
+        ran (:mod:`stoker.loader.passes`): the main process never learns what its
+        workers consumed, so iterating it again starts the next epoch."""
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None:
+            return
+        parent, pass_id = os.getppid(), info.seed - info.id
+        if self._pending is not None or self._progress is not None:
+            # a loaded state, or a pass broken off in the main process: the first
+            # DataLoader iteration continues it, later ones go on to the epochs after it
+            if passes.claim(parent, f"{self._pass_key}-resume", 0, pass_id) == 0:
+                return
+            if self._pending is not None:
+                done = self._pending["epoch"]
+            else:
+                assert self._progress is not None
+                done = self._progress.epoch
+            self._pending = self._progress = self._worker = self._finished = None
+            self._epoch, self._next_set = int(done) + 1, None
+        epoch = passes.claim(parent, self._pass_key, self._epoch, pass_id)
+        if epoch != self._epoch:
+            if info.id == 0:
+                warnings.warn(
+                    f"{self.source.url}: this DataLoader iteration runs epoch {epoch}: epoch "
+                    f"{self._epoch} was run by an earlier iteration of the same loader (its "
+                    "workers cannot know what was consumed, so it is not run twice); call "
+                    "set_epoch() before each epoch, or use stoker.TokenLoader or torchdata's "
+                    "StatefulDataLoader to continue a broken-off epoch",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            self._epoch = epoch
+            self._next_set = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         from torch.utils.data import get_worker_info
@@ -317,13 +389,13 @@ class TokenDataset(IterableDataset):  # type: ignore[type-arg]
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration. Raises StateError if it does not fit."""
         st.check(state, self._identity())
-        if bool(state.get("drop_remainder")) != self.drop_remainder:
+        if state["drop_remainder"] != self.drop_remainder:
             raise StateError(
-                f"state was saved with drop_remainder={state.get('drop_remainder')}, "
+                f"state was saved with drop_remainder={state['drop_remainder']}, "
                 f"but this dataset has drop_remainder={self.drop_remainder}"
             )
-        st.restore(state, state["world"], state["chunk"])  # validates the interval set
         self._pending = dict(state)
+        self._pass_key = uuid.uuid4().hex
         self._finished = None
         self._epoch = state["epoch"]
         self._next_set = None

@@ -43,8 +43,9 @@ import numpy as np
 import torch
 
 from stoker import errors
-from stoker.errors import ConfigError, StateError, StokerError
+from stoker.errors import ConfigError, StateError, StokerError, WorkerError
 from stoker.loader import state as st
+from stoker.loader import supervise
 from stoker.loader.dataset import TokenDataset
 from stoker.loader.distributed import Placement
 from stoker.metrics import WorkerMeter, apply_worker, serve_once, timed
@@ -60,10 +61,6 @@ if TYPE_CHECKING:
 
 _DYNAMIC = {"stoker_state": st.STATE_VERSION, "mode": "coordinator"}
 Register = Callable[[list[torch.Tensor]], Callable[[], None]]
-
-
-class WorkerError(StokerError, RuntimeError):
-    """A loader worker process failed; the message carries its traceback."""
 
 
 class _Slots:
@@ -147,24 +144,14 @@ def _give_back(conn: Connection, slot: int) -> None:
     """Return a slot; a worker that already sent its last batch may be gone."""
     try:
         conn.send(slot)
-    except (BrokenPipeError, OSError):
+    except (OSError, ValueError):  # the next receive from it says what happened
         pass
 
 
 def _stop_workers(conns: list[Connection], procs: list[Any]) -> None:
-    """Tell every worker to stop, wait for it (terminate one that hangs), close the pipes."""
-    for conn in conns:
-        try:
-            conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
-    for proc in procs:
-        proc.join(timeout=5)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=5)
-    for conn in conns:
-        conn.close()
+    """Tell every worker to stop and reap it, escalating to SIGTERM and SIGKILL for one
+    that does not (a stopped one too), then close the pipes: no worker outlives this."""
+    supervise.stop(conns, procs)
 
 
 class TokenLoader:
@@ -172,7 +159,10 @@ class TokenLoader:
 
     Each batch is a dict: ``tokens`` (B, seq_len + 1) int64, ``sample_id``
     (B,) int64 and ``doc_start_mask`` (B, seq_len + 1) bool. The last batch of
-    an epoch may be shorter. Iterating again runs the next epoch.
+    an epoch may be shorter. Iterating again after the end of an epoch runs the next
+    epoch; iterating again after breaking out of a loop continues the epoch from what
+    was consumed (what :meth:`state_dict` says), with or without a coordinator and a
+    device, so nothing is delivered twice.
 
     ``device`` (e.g. ``"cuda"``) puts each batch on that device before the
     training step asks, ``device_depth`` batches ahead, through
@@ -239,6 +229,9 @@ class TokenLoader:
         self._min_epoch = 0
         self._progress: st.Progress | None = None
         self.last_epoch: DynamicEpoch | None = None
+        self._suspended: Generator[dict[str, torch.Tensor], None, None] | None = None
+        self._pass_first = 0  # with a coordinator: the batch number this pass starts at
+        self._pass_batches: int | None = None  # and the one it ends at
 
     @property
     def batch_size(self) -> int:
@@ -247,10 +240,51 @@ class TokenLoader:
     def set_epoch(self, epoch: int) -> None:
         if self._device is not None:
             self._device.close()  # what it read ahead belongs to the old epoch
+        self._drop_suspended()
         self.dataset.set_epoch(epoch)
 
+    def _drop_suspended(self) -> None:
+        """End a broken-off coordinator-fed pass (its workers stop)."""
+        batches, self._suspended = self._suspended, None
+        if batches is not None:
+            batches.close()
+
     def __len__(self) -> int:
-        return -(-len(self.dataset) // self.batch_size)
+        """Batches that iterating now hands out on this rank: the rest of the epoch in
+        progress (after a restore or a broken-off loop), else the whole next epoch. The
+        same with a coordinator: every rank gets ``ceil(per_rank / batch_size)``
+        batches of the epoch there too (counted from the static plan's equal split,
+        which the coordinator's quota per rank equals)."""
+        if self.coordinator is None:
+            return -(-len(self.dataset) // self.batch_size)
+        ep, end = self.last_epoch, self._pass_batches
+        taken = None if self._device is None else self._device.suspended_taken()
+        if taken is not None and end is not None:  # the device tier keeps the pass
+            return max(0, end - self._pass_first - taken)
+        if self._suspended is not None and ep is not None and end is not None:
+            return max(0, end - ep.batches)
+        return self._epoch_batches()[1]
+
+    def _epoch_batches(self) -> tuple[int, int]:
+        """Fed by a coordinator: ``(first, n)``, the batch number the next pass starts at
+        and how many it hands out (from a restored checkpoint: its rest, on this world)."""
+        from stoker import intervals, plan
+
+        pl = self.dataset._placement()
+        B = self.batch_size
+        r = self._restore
+        if r is not None and self.last_epoch is None and r.get("epoch") is not None:
+            snap = r["snapshot"]
+            left = intervals.size(intervals.subtract(
+                intervals.make([tuple(p) for p in snap["epoch_set"]]),
+                intervals.make([tuple(p) for p in snap["consumed"]]),
+            ))  # fmt: skip
+            return int(r["batches"]), -(-(left // pl.world) // B)
+        ds = self.dataset
+        epoch_set = plan.first_epoch_set(
+            self._min_epoch, ds.num_samples, pl.world, ds.drop_remainder
+        )
+        return 0, -(-(intervals.size(epoch_set) // pl.world) // B)
 
     def state_dict(self) -> dict[str, Any]:
         """Exact state: samples the caller consumed, not what workers (or, with ``device``,
@@ -288,29 +322,16 @@ class TokenLoader:
         self._host_load(state)
 
     def _host_load(self, state: dict[str, Any]) -> None:
-        dynamic = state.get("mode") == "coordinator"
         if self.coordinator is None:
-            if dynamic:
-                raise StateError(
-                    "this state comes from a run fed by a coordinator: pass coordinator= to resume it"
-                )
             self.dataset.load_state_dict(state)
             return
-        if not dynamic:
-            raise StateError(
-                "this state comes from a run without a coordinator (static split); resume it "
-                "without coordinator=, or start the coordinated run from scratch"
-            )
+        from stoker.loader.dynamic import _stream_json
+
+        st.check_dynamic(state, _stream_json(self.dataset), self.dataset.num_samples)
         if self._client is not None:
             raise StateError("load_state_dict() must come before the first iteration")
         if state.get("epoch") is None:
             return
-        from stoker.loader.dynamic import _stream_json
-
-        mine = _stream_json(self.dataset)
-        theirs = state["snapshot"].get("stream", "")
-        if theirs and theirs != mine:
-            raise StateError(f"the state's data stream {theirs} is not this dataset's {mine}")
         self._restore = dict(state)
         self._min_epoch = int(state["epoch"])
 
@@ -349,7 +370,8 @@ class TokenLoader:
         return self._client
 
     def close(self) -> None:
-        """Stop the coordinator this rank started, if any."""
+        """Stop a broken-off pass and the coordinator this rank started, if any."""
+        self._drop_suspended()
         if self._embedded is not None:
             self._embedded.close()
             self._embedded = None
@@ -386,13 +408,28 @@ class TokenLoader:
         (the device tier's view) batches from workers are lent slots."""
         pl = self.dataset._placement()
         if self.metrics_port is not None:
-            serve_once(self.metrics_port + pl.local_rank)
+            serve_once(self.metrics_port, pl.local_rank)
         self._ready = 0
-        batches = self._iter(pl, lend)
+        batches, self._suspended = self._suspended, None
+        if batches is None:
+            batches = self._iter(pl, lend)
+        keep = False
         try:
-            yield from timed(batches, pl.rank, _count, lambda: self._ready)
+            for batch in timed(batches, pl.rank, _count, lambda: self._ready):
+                try:
+                    yield batch
+                except GeneratorExit:
+                    # the caller broke out: a static pass stops its workers now and the
+                    # next one continues from what was consumed (the dataset's progress);
+                    # a coordinator-fed pass, whose batches were confirmed as they were
+                    # read, is kept as it is and continued by the next pass
+                    keep = self.coordinator is not None and lend is None
+                    raise
         finally:
-            batches.close()  # stops the workers now when the caller breaks out
+            if keep:
+                self._suspended = batches
+            else:
+                batches.close()
 
     def _iter(
         self, pl: Placement, lend: _HostView | None
@@ -402,6 +439,17 @@ class TokenLoader:
             from stoker.loader.dynamic import DynamicEpoch
 
             client = self._coordinator()
+            ep = self.last_epoch
+            if ep is not None and not ep.finished and ep.epoch is not None:
+                raise StateError(
+                    f"this rank's pass of epoch {ep.epoch} ended after {ep.batches} batches, "
+                    "before the epoch's end, and was not kept (it was closed, or failed): the "
+                    "batches it had read ahead were confirmed with the coordinator, so a new "
+                    "pass would not see them. Continue from a state_dict() taken before, in a "
+                    "new loader (load_state_dict, then iterate)"
+                )
+            first, n = self._epoch_batches()
+            self._pass_first, self._pass_batches = first, first + n
             self.last_epoch = DynamicEpoch(
                 ds, client, pl.rank, self.num_workers, self.prefetch, self._min_epoch, self
             )
@@ -467,7 +515,7 @@ class TokenLoader:
                 conns.append(parent)
                 procs.append(proc)
                 for slot in range(self.prefetch):
-                    parent.send(slot)
+                    _give_back(parent, slot)  # a worker gone already: its receive says so
             if lend is not None:
                 lend.loans = loans
                 # after the forks: CUDA may mark page-locked memory not to be inherited by a
@@ -510,29 +558,33 @@ class TokenLoader:
                     unpin()
 
     def _receive(self, conn: Connection, proc: Any, w: int, rank: int) -> tuple[int, int]:
-        waited = 0.0
-        while not conn.poll(1.0):
-            waited += 1.0
-            if not proc.is_alive():
-                raise WorkerError(
-                    f"loader worker {w} (pid {proc.pid}) died with exit code {proc.exitcode}"
-                )
-            if waited >= self.timeout:
-                raise WorkerError(f"loader worker {w} sent no batch for {self.timeout:.0f} s")
+        """Worker ``w``'s next batch (slot, rows); a :class:`WorkerError` naming it (number
+        and pid) when it died, broke its pipe or sent nothing for ``timeout`` seconds."""
+        deadline = time.monotonic() + self.timeout
         try:
+            while not conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
+                if not proc.is_alive():
+                    raise supervise.gone(w, proc)
+                if time.monotonic() >= deadline:
+                    raise supervise.silent(w, proc, self.timeout)
             msg = conn.recv()
-        except EOFError as exc:
-            raise WorkerError(
-                f"loader worker {w} closed its pipe (exit code {proc.exitcode})"
-            ) from exc
+        except (EOFError, OSError) as exc:  # ConnectionResetError, BrokenPipeError, ...
+            raise supervise.gone(w, proc, exc) from exc
         if msg is None:
-            raise WorkerError(f"loader worker {w} ran out of samples early; this is a stoker bug")
+            raise WorkerError(
+                f"loader worker {w} (pid {proc.pid}) ran out of samples early; this is a "
+                "stoker bug",
+                worker=w,
+                pid=proc.pid,
+            )
         if isinstance(msg[0], str):
             _, kind, text, trace = msg
             error_type = getattr(errors, kind, None) if kind else None
             if isinstance(error_type, type) and issubclass(error_type, StokerError):
                 raise error_type(f"{text} (in loader worker {w})")  # the typed error, re-raised
-            raise WorkerError(f"loader worker {w} failed:\n{trace}")
+            raise WorkerError(
+                f"loader worker {w} (pid {proc.pid}) failed:\n{trace}", worker=w, pid=proc.pid
+            )
         apply_worker(rank, w, msg[2])
         return int(msg[0]), int(msg[1])
 

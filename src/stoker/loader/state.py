@@ -25,14 +25,17 @@ part that does not divide evenly carries into the next epoch.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import numbers
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from stoker import intervals
+from stoker import intervals, plan
 from stoker.errors import StateError
-from stoker.plan import EpochSplit
 
 STATE_VERSION = 1
 IDENTITY_FIELDS = (
@@ -57,8 +60,8 @@ class Progress:
     consumed: int = 0
 
     @property
-    def split(self) -> EpochSplit:
-        return EpochSplit(self.epoch_set, self.world)
+    def split(self) -> plan.EpochSplit:
+        return plan.EpochSplit(self.epoch_set, self.world)
 
 
 def build(
@@ -69,55 +72,195 @@ def build(
 ) -> dict[str, Any]:
     return {
         "stoker_state": STATE_VERSION,
-        **identity,
-        "drop_remainder": drop_remainder,
-        "epoch": progress.epoch,
+        **{k: int(v) if _is_int(v) else v for k, v in identity.items()},
+        "drop_remainder": bool(drop_remainder),
+        "epoch": int(progress.epoch),
         "epoch_set": intervals.to_list(progress.epoch_set),
-        "world": progress.world,
-        "chunk": progress.chunk,
-        "consumed": progress.consumed,
-        "worker": worker,
+        "world": int(progress.world),
+        "chunk": int(progress.chunk),
+        "consumed": int(progress.consumed),
+        "worker": None if worker is None else {k: int(v) for k, v in worker.items()},
     }
 
 
-def check(state: Any, identity: dict[str, Any]) -> None:
+#: Bounds that keep every position of a state inside int64 arithmetic.
+MAX_POSITION = 1 << 62
+MAX_WORLD = 1 << 20
+MAX_CHUNK = 1 << 31
+MAX_INTERVALS = 1 << 20
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (numpy's included), but not a bool: ``True`` is no epoch."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _same(theirs: Any, mine: Any) -> bool:
+    """Equal, and of the same kind: integers by value (numpy's included), others by type
+    too, so that ``True`` is not ``1`` and ``"1"`` is not ``1``."""
+    if _is_int(theirs) and _is_int(mine):
+        return int(theirs) == int(mine)
+    return type(theirs) is type(mine) and bool(theirs == mine)
+
+
+def _integer(state: dict[str, Any], name: str, lo: int, hi: int, where: str = "state") -> int:
+    value: Any = state.get(name)
+    if not _is_int(value):
+        raise StateError(f"{where} field {name!r} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise StateError(f"{where} field {name!r} is {value}, must be in [{lo}, {hi}]")
+    return int(value)
+
+
+def check_version(state: Any, mode: str | None = None) -> dict[str, Any]:
+    """``state`` if it is a dict of this state format (``mode`` None: a static state,
+    ``"coordinator"``: one of a coordinator-fed loader); a StateError otherwise."""
     if not isinstance(state, dict):
         raise StateError(f"a stoker state is a dict, got {type(state).__name__}")
     version = state.get("stoker_state")
-    if version != STATE_VERSION:
+    if type(version) is not int or version != STATE_VERSION:
         raise StateError(
             f"state format version {version!r} is not supported (this stoker reads version "
             f"{STATE_VERSION}); it was saved by another stoker or is not a stoker state"
         )
+    got = state.get("mode")
+    if got != mode:
+        if got == "coordinator":
+            raise StateError(
+                "this state comes from a run fed by a coordinator: pass coordinator= to resume it"
+            )
+        if mode == "coordinator" and got is None:
+            raise StateError(
+                "this state comes from a run without a coordinator (static split); resume it "
+                "without coordinator=, or start the coordinated run from scratch"
+            )
+        raise StateError(f"state field 'mode' is {got!r}, which this stoker does not know")
+    return state
+
+
+def positions(
+    raw: Any, name: str, epoch: int, num_samples: int, where: str = "state"
+) -> np.ndarray:
+    """An interval set of stream positions from a state, checked to lie inside training
+    epoch ``epoch``: below the end of its data epoch, and carrying at most one data
+    epoch's worth from before it."""
+    if not isinstance(raw, list) or len(raw) > MAX_INTERVALS:
+        raise StateError(
+            f"{where} field {name!r} must be a list of [start, stop] pairs, got "
+            f"{type(raw).__name__}"
+        )
+    end = (epoch + 1) * num_samples
+    pairs = []
+    for pair in raw:
+        if (
+            not isinstance(pair, (list, tuple))
+            or len(pair) != 2
+            or not all(_is_int(v) for v in pair)
+            or not 0 <= pair[0] < pair[1] <= end
+        ):
+            raise StateError(
+                f"{where} field {name!r} holds {pair!r}: each member must be a [start, stop] "
+                f"pair of integers with 0 <= start < stop <= {end} (the end of epoch {epoch})"
+            )
+        pairs.append((int(pair[0]), int(pair[1])))
+    iv = intervals.make(pairs)
+    if intervals.size(iv) != sum(b - a for a, b in pairs):
+        raise StateError(f"{where} field {name!r} has overlapping ranges")
+    before = intervals.size(intervals.subtract(iv, intervals.make([(epoch * num_samples, end)])))
+    if before > num_samples + MAX_WORLD:
+        raise StateError(
+            f"{where} field {name!r} carries {before} positions from before epoch {epoch}, "
+            f"more than one epoch of {num_samples} samples and a world's remainder"
+        )
+    return iv
+
+
+def check(state: Any, identity: dict[str, Any]) -> None:
+    """Raise StateError unless ``state`` is a static state of the dataset ``identity``
+    describes, every field of the right type and inside its range."""
+    check_version(state)
     for name in IDENTITY_FIELDS:
-        if state.get(name) != identity[name]:
+        mine, theirs = identity[name], state.get(name)
+        if not _same(theirs, mine):
             what = "dataset" if name in ("dataset_id", "num_samples") else "configuration"
             raise StateError(
-                f"state was saved for another {what}: {name} is {state.get(name)!r} in the state "
-                f"but {identity[name]!r} here"
+                f"state was saved for another {what}: {name} is {theirs!r} in the state "
+                f"but {mine!r} here"
             )
-    for name in ("epoch", "world", "chunk", "consumed"):
-        value = state.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise StateError(f"state field {name!r} must be a non-negative integer, got {value!r}")
-    if state["world"] < 1 or state["chunk"] < 1:
-        raise StateError("state fields 'world' and 'chunk' must be >= 1")
+    if type(state.get("drop_remainder")) is not bool:
+        raise StateError(
+            f"state field 'drop_remainder' must be true or false, got {state.get('drop_remainder')!r}"
+        )
+    S = identity["num_samples"]
+    epoch = _integer(state, "epoch", 0, MAX_POSITION // max(S, 1) - 2)
+    world = _integer(state, "world", 1, MAX_WORLD)
+    chunk = _integer(state, "chunk", 1, MAX_CHUNK)
+    consumed = _integer(state, "consumed", 0, MAX_POSITION)
+    epoch_set = positions(state.get("epoch_set"), "epoch_set", epoch, S)
+    per_rank = intervals.size(epoch_set) // world
+    if consumed > per_rank:
+        raise StateError(
+            f"state says {consumed} samples consumed per rank, but epoch {epoch} "
+            f"has only {per_rank} per rank"
+        )
+    worker = state.get("worker")
+    if worker is not None:
+        if not isinstance(worker, dict):
+            raise StateError(f"state field 'worker' must be null or an object, got {worker!r}")
+        nw = _integer(worker, "num_workers", 1, MAX_WORLD, "state worker")
+        w = _integer(worker, "worker", 0, nw - 1, "state worker")
+        share = plan.worker_count(per_rank - consumed, w, nw, chunk)
+        _integer(worker, "yielded", 0, share, "state worker")
+
+
+_CHECKPOINT_NAME = re.compile(r"epoch[0-9]+-[0-9a-f]{16}")
+
+
+def check_dynamic(state: Any, stream: str, num_samples: int) -> dict[str, Any]:
+    """Raise StateError unless ``state`` is the state of a coordinator-fed loader of this
+    data stream (``stream``: the JSON a rank's consumers describe it by): the checkpoint
+    name is the coordinator's (``epoch<e>-<sha256 of the snapshot>``), so a snapshot
+    edited after it was taken is refused, and its position sets lie inside its epoch."""
+    check_version(state, "coordinator")
+    if state.get("epoch") is None:
+        return state  # nothing handed out yet: a fresh start
+    epoch = _integer(state, "epoch", 0, MAX_POSITION // max(num_samples, 1) - 2)
+    batches = _integer(state, "batches", 0, MAX_POSITION)
+    name, snapshot = state.get("checkpoint"), state.get("snapshot")
+    if not isinstance(name, str) or not _CHECKPOINT_NAME.fullmatch(name):
+        raise StateError(
+            f"state field 'checkpoint' is {name!r}, not the name of a coordinator checkpoint"
+        )
+    if not isinstance(snapshot, dict):
+        raise StateError(f"state field 'snapshot' must be an object, got {type(snapshot).__name__}")
+    text = json.dumps(snapshot, separators=(",", ":"), sort_keys=True)
+    if hashlib.sha256(text.encode()).hexdigest()[:16] != name.rsplit("-", 1)[1]:
+        raise StateError(
+            f"state field 'snapshot' does not match its checkpoint {name}: it was changed "
+            "after the coordinator took it"
+        )
+    theirs = snapshot.get("stream", "")
+    if theirs and theirs != stream:
+        raise StateError(f"the state's data stream {theirs} is not this dataset's {stream}")
+    if _integer(snapshot, "epoch", 0, epoch, "state snapshot") != epoch:
+        raise StateError(f"state snapshot is of epoch {snapshot['epoch']}, the state of {epoch}")
+    if _integer(snapshot, "batches", 0, batches, "state snapshot") != batches:
+        raise StateError(
+            f"state snapshot is after {snapshot['batches']} batches, the state after {batches}"
+        )
+    epoch_set = positions(snapshot.get("epoch_set"), "epoch_set", epoch, num_samples, "snapshot")
+    consumed = positions(snapshot.get("consumed"), "consumed", epoch, num_samples, "snapshot")
+    if intervals.size(intervals.subtract(consumed, epoch_set)):
+        raise StateError("state snapshot consumed positions that are not in its epoch set")
+    return state
 
 
 def restore(
     state: dict[str, Any], world: int, chunk: int
 ) -> tuple[Progress, dict[str, int] | None]:
     """The progress to continue from, for a job with ``world`` ranks and ``chunk``."""
-    try:
-        epoch_set = intervals.make([tuple(p) for p in state["epoch_set"]])
-    except (TypeError, ValueError, KeyError) as exc:
-        raise StateError(f"state field 'epoch_set' is malformed: {exc}") from exc
+    epoch_set = intervals.make([tuple(p) for p in state["epoch_set"]])  # checked by check()
     saved = Progress(state["epoch"], epoch_set, state["world"], state["chunk"], state["consumed"])
-    if saved.consumed > saved.split.per_rank:
-        raise StateError(
-            f"state says {saved.consumed} samples consumed per rank, but epoch {saved.epoch} "
-            f"has only {saved.split.per_rank} per rank"
-        )
     worker = state.get("worker")
     if saved.world == world and saved.chunk == chunk:
         return saved, worker
