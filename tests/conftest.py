@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faultproxy import fault_proxy  # noqa: F401  (the fault-injecting proxy, for every test)
 from servers import DUMMY_AWS_ENV, MotoS3Server, NginxOrigin, find_nginx
 
 
