@@ -11,14 +11,17 @@ from stoker.errors import (
     AgentRunningError,
     ChecksumError,
     ConfigError,
+    CoordinatorUnavailable,
     DatasetError,
     InputError,
+    LeaseRejected,
     ManifestError,
     StateError,
     StokerError,
     StorageError,
     UnreachableError,
     UnsupportedFormatError,
+    WorkerError,
 )
 from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
 from stoker.formats.tokens import TokenSource
@@ -28,11 +31,11 @@ from stoker.storage import RetryPolicy, Storage
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
-    from stoker.coordinator.client import CoordinatorClient, CoordinatorUnavailable, LeaseRejected
+    from stoker.coordinator.client import CoordinatorClient
     from stoker.coordinator.leases import Config as LeaseConfig
     from stoker.device import DevicePrefetcher
     from stoker.loader.dataset import TokenDataset
-    from stoker.loader.fast import TokenLoader, WorkerError
+    from stoker.loader.fast import TokenLoader
     from stoker.loader.masks import cu_seqlens, doc_starts
 
 #: Names imported when first asked for: torch (the loader, the device tier) takes seconds
@@ -41,12 +44,9 @@ if TYPE_CHECKING:
 _LAZY = {
     "AgentClient": "stoker.cache.client",
     "CoordinatorClient": "stoker.coordinator.client",
-    "CoordinatorUnavailable": "stoker.coordinator.client",
-    "LeaseRejected": "stoker.coordinator.client",
     "DevicePrefetcher": "stoker.device",
     "TokenDataset": "stoker.loader.dataset",
     "TokenLoader": "stoker.loader.fast",
-    "WorkerError": "stoker.loader.fast",
     "cu_seqlens": "stoker.loader.masks",
     "doc_starts": "stoker.loader.masks",
 }

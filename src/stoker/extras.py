@@ -18,14 +18,10 @@ import importlib
 from types import ModuleType
 
 from stoker.errors import ConfigError, StokerError
+from stoker.errors import MissingBackendError as MissingBackendError  # imported from here too
 
 #: The extra whose packages an fsspec protocol needs.
 PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3", "http": "http", "https": "http"}
-
-
-class MissingBackendError(ConfigError):
-    """A URL's fsspec backend is not installed (storage calls raise it at once: retrying
-    cannot help)."""
 
 
 def install_hint(extra: str) -> str:

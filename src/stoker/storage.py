@@ -307,8 +307,21 @@ class Storage:
             return sync(fs.loop, getattr(fs, f"_{name}"), *args, timeout=left, **kwargs)
         return getattr(fs, name)(*args, **kwargs)
 
-    def _with_retries(self, what: str, fn: Callable[[float], T]) -> T:
-        """``fn(deadline)`` until it succeeds, retrying as the policy says."""
+    def _with_retries(
+        self,
+        path: str,
+        fn: Callable[[float], T],
+        start: int | None = None,
+        stop: int | None = None,
+    ) -> T:
+        """``fn(deadline)`` until it succeeds, retrying as the policy says; a
+        :class:`StorageError` names ``path`` (and the range ``[start, stop)`` when given)
+        in its message and its attributes."""
+        what = self.url_of(path)
+        if start is not None:
+            what = f"{what} bytes [{start}, {stop})"
+        where: dict[str, Any] = {"url": self.url_of(path), "path": path}
+        where.update(start=start, stop=stop)
         r = self.retry
         begin = time.monotonic()
         deadline = begin + r.deadline
@@ -327,34 +340,36 @@ class Storage:
                 if kind == "missing":
                     raise FileNotFoundError(f"{what}: not found") from exc
                 if kind == "credentials":
-                    raise StorageError(f"{what}: {_CREDENTIAL_HINT} ({cause})") from exc
+                    raise StorageError(f"{what}: {_CREDENTIAL_HINT} ({cause})", **where) from exc
                 if isinstance(exc, _Fatal):
-                    raise StorageError(str(exc)) from exc
+                    raise StorageError(str(exc), **where) from exc
                 if kind == "fatal":
-                    raise StorageError(f"{what}: {cause}") from exc
+                    raise StorageError(f"{what}: {cause}", **where) from exc
                 attempt += 1
                 now = time.monotonic()
                 if kind == "deadline" or now >= deadline:
                     raise StorageError(
                         f"{what}: no complete answer within the {r.deadline:g} s deadline "
-                        f"(RetryPolicy.deadline; {attempt} attempt(s), the last: {cause})"
+                        f"(RetryPolicy.deadline; {attempt} attempt(s), the last: {cause})",
+                        **where,
                     ) from exc
                 if kind == "unreachable":
                     unreachable += 1
                     if unreachable >= r.unreachable_attempts:
                         raise UnreachableError(
-                            f"{what}: cannot reach the storage at {self.url} ({cause})"
+                            f"{what}: cannot reach the storage at {self.url} ({cause})", **where
                         ) from exc
                 if attempt >= r.attempts:
                     raise StorageError(
-                        f"{what}: failed after {attempt} attempts ({cause})"
+                        f"{what}: failed after {attempt} attempts ({cause})", **where
                     ) from exc
                 wait = r.wait(attempt)
                 if now + wait >= deadline:
                     raise StorageError(
                         f"{what}: failed after {attempt} attempts in {now - begin:.1f} s, and "
                         f"the {r.deadline:g} s deadline (RetryPolicy.deadline) leaves no time "
-                        f"for another ({cause})"
+                        f"for another ({cause})",
+                        **where,
                     ) from exc
                 self.stats.retries += 1
                 METRICS.storage_event("retries")
@@ -376,7 +391,7 @@ class Storage:
         full = self.full(path)
         t = time.perf_counter()
         self._wire_start()
-        data = self._with_retries(self.url_of(path), lambda d: self._call("cat_file", d, full))
+        data = self._with_retries(path, lambda d: self._call("cat_file", d, full))
         wire = self._wire_bytes(len(data))
         self.stats.add(wire)
         METRICS.storage_read(wire, time.perf_counter() - t)
@@ -386,6 +401,7 @@ class Storage:
         """Bytes ``[start, stop)`` of a file: one range request."""
         full = self.full(path)
         where = f"{self.url_of(path)} bytes [{start}, {stop})"
+        ctx: dict[str, Any] = {"url": self.url_of(path), "path": path, "start": start, "stop": stop}
 
         def get(deadline: float) -> bytes:
             data = self._call("cat_file", deadline, full, start=start, end=stop)
@@ -394,17 +410,18 @@ class Storage:
                     f"{where}: the origin ignored the Range header and sent {len(data)} bytes "
                     "(the whole file); serve the dataset with a server that supports byte "
                     "ranges, or read it without storage_options (stoker's own HTTP client "
-                    "downloads each such file once and reads blocks from that copy)"
+                    "downloads each such file once and reads blocks from that copy)",
+                    **ctx,
                 )
             if len(data) != stop - start:
                 if self.protocol == "file":  # a local file that ends early will not grow
-                    raise _Fatal(f"{where}: the file ends after {len(data)} of these bytes")
-                raise StorageError(f"{where}: short read of {len(data)} bytes")
+                    raise _Fatal(f"{where}: the file ends after {len(data)} of these bytes", **ctx)
+                raise StorageError(f"{where}: short read of {len(data)} bytes", **ctx)
             return bytes(data)
 
         t = time.perf_counter()
         self._wire_start()
-        data = self._with_retries(where, get)
+        data = self._with_retries(path, get, start, stop)
         wire = self._wire_bytes(len(data))
         self.stats.add(wire)
         METRICS.storage_read(wire, time.perf_counter() - t)
@@ -412,11 +429,11 @@ class Storage:
 
     def exists(self, path: str) -> bool:
         full = self.full(path)
-        return bool(self._with_retries(self.url_of(path), lambda d: self._call("exists", d, full)))
+        return bool(self._with_retries(path, lambda d: self._call("exists", d, full)))
 
     def size(self, path: str) -> int:
         full = self.full(path)
-        return int(self._with_retries(self.url_of(path), lambda d: self._call("size", d, full)))
+        return int(self._with_retries(path, lambda d: self._call("size", d, full)))
 
     # -- writes --------------------------------------------------------------
     def open_write(self, path: str) -> Any:
@@ -441,7 +458,7 @@ class Storage:
                 os.fsync(fh.fileno())
             os.replace(tmp, full)
             return
-        self._with_retries(self.url_of(path), lambda d: self._call("pipe_file", d, full, data))
+        self._with_retries(path, lambda d: self._call("pipe_file", d, full, data))
 
     def remove(self, path: str) -> None:
         try:

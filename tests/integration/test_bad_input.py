@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,25 @@ def test_corrupted_block_through_dataloader_workers(dataset: Written) -> None:
     with pytest.raises(stoker.ChecksumError) as info:
         list(DataLoader(ds, batch_size=4, num_workers=2, timeout=120))
     assert f"block {block}" in str(info.value)
+
+
+def test_corrupted_block_through_coordinator_fed_workers(dataset: Written, tmp_path: Path) -> None:
+    """A coordinator-fed loader's worker raises the same typed error a static one does."""
+    block = _bad_block(dataset)
+    path = _corrupt(dataset, block)
+    ds = TokenDataset(str(dataset.path), SEQ_LEN, batch_size=4)
+    loader = stoker.TokenLoader(
+        ds, num_workers=2, coordinator="rank0", coordinator_state=str(tmp_path / "state")
+    )
+    try:
+        with pytest.raises(stoker.ChecksumError) as info:
+            list(loader)
+    finally:
+        loader.close()
+    err = info.value
+    assert f"block {block}" in str(err) and path in str(err)
+    assert re.search(r"\(in loader worker [01]\)$", str(err))
+    assert (err.file, err.block) == (path, block)
 
 
 def test_corrupted_cache_entry_is_replaced(dataset: Written, tmp_path: Path) -> None:

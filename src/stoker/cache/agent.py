@@ -364,11 +364,11 @@ class Agent:
                     id=req.id, held=pb.Held(blocks=self.holdings(req.holdings.dataset_id))
                 )
             raise AgentError(f"unknown request {kind!r}")
-        except StokerError as exc:
-            return pb.Response(id=req.id, error=str(exc), error_kind=type(exc).__name__)
         except Exception as exc:
-            log.exception("request %s failed", kind)
-            return pb.Response(id=req.id, error=f"{type(exc).__name__}: {exc}")
+            if not isinstance(exc, StokerError):
+                log.exception("request %s failed", kind)
+            error_kind, text, _ = errors.encode(exc)  # "" for an error that is not stoker's
+            return pb.Response(id=req.id, error=text, error_kind=error_kind)
 
     # -- datasets ----------------------------------------------------------------------
     def _open(self, req: pb.Open) -> str:

@@ -241,9 +241,9 @@ class AgentClient:
                     return fallback
                 raise AgentError(f"the stoker agent at {self.paths.socket} {exc}") from None
         if resp.error:
-            kind = getattr(errors, resp.error_kind, None) if resp.error_kind else None
-            if isinstance(kind, type) and issubclass(kind, errors.StokerError):
-                raise kind(f"{resp.error} (from the stoker agent)")
+            typed = errors.decode(resp.error_kind, resp.error, "from the stoker agent")
+            if typed is not None:
+                raise typed
             raise AgentError(f"stoker agent: {resp.error}")
         return resp
 

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from stoker.errors import StokerError
+from stoker.errors import ProtocolError as ProtocolError  # re-exported: imported from here too
 
 #: Bumped when a message changes meaning; the agent refuses other versions.
 PROTOCOL_VERSION = 1
@@ -23,10 +23,6 @@ MAX_FRAME = 256 << 20
 
 _LEN = struct.Struct("<I")
 M = TypeVar("M", bound=Message)
-
-
-class ProtocolError(StokerError, ConnectionError):
-    """The peer sent something that is not a valid frame."""
 
 
 def send(sock: socket.socket, msg: Message) -> None:

@@ -26,7 +26,9 @@ import grpc
 
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
-from stoker.errors import ConfigError, StokerError
+from stoker.errors import ConfigError
+from stoker.errors import CoordinatorUnavailable as CoordinatorUnavailable  # imported from here too
+from stoker.errors import LeaseRejected as LeaseRejected  # re-exported too
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 ENV_TOKEN = "STOKER_COORDINATOR_TOKEN"
@@ -51,14 +53,6 @@ def find_token(address: str) -> str | None:
     return runtime.read_token(address)
 
 
-class LeaseRejected(StokerError, RuntimeError):
-    """The coordinator refused a request; ``code`` is the gRPC status name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{message} ({code})")
-        self.code = code
-
-
 def answers(reply: pb.ConfirmBatchReply) -> list[bool | None]:
     """Per segment of a confirmed batch: True (lease complete), False (confirmed), None
     (refused: drop its rows)."""
@@ -68,10 +62,6 @@ def answers(reply: pb.ConfirmBatchReply) -> list[bool | None]:
         pb.ConfirmBatchReply.REFUSED: None,
     }
     return [out[a] for a in reply.answers]
-
-
-class CoordinatorUnavailable(StokerError, ConnectionError):
-    """The coordinator did not answer within the retry window."""
 
 
 class CoordinatorClient:

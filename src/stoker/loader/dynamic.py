@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from stoker import plan
+from stoker import errors, plan
 from stoker._proto import coordinator_pb2 as pb
 from stoker.coordinator.client import CoordinatorClient, LeaseRejected, answers
 from stoker.coordinator.source import LeaseStream
@@ -231,7 +231,7 @@ def _worker(
         conn.send(("done",))
     except BaseException as exc:
         try:
-            conn.send(("error", type(exc).__name__, str(exc), traceback.format_exc()))
+            conn.send(("error", *errors.encode(exc), traceback.format_exc()))
         except Exception:
             pass
     finally:
@@ -421,9 +421,12 @@ class DynamicEpoch:
                     elif msg[0] == "done":
                         live.discard(w)
                     else:
-                        _, kind, text, trace = msg
+                        _, kind, text, fields, trace = msg
+                        typed = errors.decode(kind, text, f"in loader worker {w}", fields)
+                        if typed is not None:
+                            raise typed  # the typed error, as the static loader raises it
                         raise WorkerError(
-                            f"loader worker {w} (pid {proc.pid}) failed ({kind}: {text}):\n{trace}",
+                            f"loader worker {w} (pid {proc.pid}) failed ({text}):\n{trace}",
                             worker=w,
                             pid=proc.pid,
                         )

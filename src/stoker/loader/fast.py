@@ -130,9 +130,8 @@ def _worker_main(
             conn.send((slot, len(batch), meter.delta(busy + time.perf_counter() - t)))
         conn.send(None)
     except BaseException as exc:
-        kind = type(exc).__name__ if isinstance(exc, StokerError) else ""
         try:
-            conn.send(("error", kind, str(exc), traceback.format_exc()))
+            conn.send(("error", *errors.encode(exc), traceback.format_exc()))
         except Exception:
             pass
     finally:
@@ -578,10 +577,10 @@ class TokenLoader:
                 pid=proc.pid,
             )
         if isinstance(msg[0], str):
-            _, kind, text, trace = msg
-            error_type = getattr(errors, kind, None) if kind else None
-            if isinstance(error_type, type) and issubclass(error_type, StokerError):
-                raise error_type(f"{text} (in loader worker {w})")  # the typed error, re-raised
+            _, kind, text, fields, trace = msg
+            typed = errors.decode(kind, text, f"in loader worker {w}", fields)
+            if typed is not None:
+                raise typed  # the typed error, re-raised
             raise WorkerError(
                 f"loader worker {w} (pid {proc.pid}) failed:\n{trace}", worker=w, pid=proc.pid
             )
