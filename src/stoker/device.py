@@ -58,7 +58,6 @@ then the same code as on a GPU, less the page-locking.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 import warnings
@@ -68,6 +67,7 @@ from typing import Any
 
 import torch
 
+from stoker import env
 from stoker.errors import ConfigError, StokerError
 from stoker.metrics import METRICS, LoaderStats
 from stoker.pinned import Event, Loan, PinnedPool
@@ -84,7 +84,7 @@ _warned_devices: set[str] = set()  # CUDA devices asked for without CUDA, warned
 
 
 def _strict_from_env() -> bool:
-    raw = os.environ.get(STRICT_ENV, "").strip().lower()
+    raw = (env.get(STRICT_ENV) or "").strip().lower()
     if raw in ("", "0", "false", "no"):
         return False
     if raw in ("1", "true", "yes"):

@@ -24,6 +24,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from stoker import env
 from stoker.errors import ConfigError
 
 ENV_DIR = "STOKER_RUNTIME_DIR"
@@ -31,11 +32,11 @@ ENV_DIR = "STOKER_RUNTIME_DIR"
 
 def runtime_dir(create: bool = True) -> Path:
     """This user's runtime directory (made ``0700`` when ``create``)."""
-    env = os.environ.get(ENV_DIR)
-    if env:
-        path = Path(env)
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "stoker"
+    given, xdg = env.get(ENV_DIR), env.get("XDG_RUNTIME_DIR")
+    if given:
+        path = Path(given)
+    elif xdg:
+        path = Path(xdg) / "stoker"
     else:
         path = Path("/tmp") / f"stoker-{os.getuid()}"
     if create:

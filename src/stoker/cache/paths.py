@@ -24,15 +24,17 @@ import hashlib
 import os
 from pathlib import Path
 
+from stoker import env
+
 MARKER = ".stoker-cache"
 SHM_ROOT = Path("/dev/shm")
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("STOKER_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    given = env.get("STOKER_CACHE_DIR")
+    if given:
+        return Path(given)
+    xdg = env.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "stoker"
 

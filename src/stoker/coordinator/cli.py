@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
+from stoker import env
 from stoker.coordinator.leases import Config
 from stoker.coordinator.limits import HANDSHAKE_TIMEOUT, MAX_CONNECTIONS
 from stoker.errors import ConfigError
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from stoker.coordinator.service import Coordinator, Server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s stoker-coordinator %(message)s")
-    token = os.environ.get("STOKER_COORDINATOR_TOKEN") or None
+    token = env.get("STOKER_COORDINATOR_TOKEN") or None
     if args.token_file:
         try:
             token = Path(args.token_file).read_text().strip() or None

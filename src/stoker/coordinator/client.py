@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from stoker import env
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
 from stoker.errors import ConfigError
@@ -40,9 +41,10 @@ def find_token(address: str) -> str | None:
     ``$STOKER_COORDINATOR_TOKEN``, else the file ``$STOKER_COORDINATOR_TOKEN_FILE`` names,
     else the file a coordinator on this machine wrote for ``address``
     (:func:`stoker.runtime.token_path`)."""
-    if os.environ.get(ENV_TOKEN):
-        return os.environ[ENV_TOKEN].strip()
-    path = os.environ.get(ENV_TOKEN_FILE)
+    token = env.get(ENV_TOKEN)
+    if token:
+        return token.strip()
+    path = env.get(ENV_TOKEN_FILE)
     if path:
         try:
             return Path(path).read_text().strip() or None

@@ -29,6 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
+from stoker import env
 from stoker.coordinator.client import CoordinatorClient
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import Config
@@ -49,15 +50,16 @@ def _store() -> Any:
 
 def _store_key(job: str) -> str:
     # a torchelastic restart keeps the store: each attempt has its own key
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"stoker/coordinator/{job}/{attempt}"
 
 
 def default_bind(world: int) -> str:
-    if os.environ.get(ENV_BIND):
-        return os.environ[ENV_BIND]
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    master = os.environ.get("MASTER_ADDR", "")
+    bind = env.get(ENV_BIND)
+    if bind:
+        return bind
+    local = int(env.get("LOCAL_WORLD_SIZE") or str(world))
+    master = env.get("MASTER_ADDR") or ""
     if world <= local or not master:
         return "127.0.0.1:0"
     try:
@@ -135,11 +137,11 @@ def spawn(
         name, snapshot = restore
         Journal(state_url, job).write_checkpoint(name, snapshot)  # the state travels inline
         cmd += ["--restore", name]
-    env = dict(os.environ)
-    env.pop(ENV_TOKEN, None)
+    child_env = dict(os.environ)  # the child inherits this environment
+    child_env.pop(ENV_TOKEN, None)
     if token:
-        env[ENV_TOKEN] = token
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        child_env[ENV_TOKEN] = token
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env)
     assert proc.stdout is not None
     seen = []
     for raw in proc.stdout:
@@ -179,8 +181,9 @@ def connect(
     restore: tuple[str, dict[str, Any]] | None = None,
 ) -> tuple[CoordinatorClient, Embedded | None]:
     """This rank's client of the job's coordinator, and the coordinator if rank 0 started it."""
-    if os.environ.get(ENV_ADDRESS):
-        return CoordinatorClient(os.environ[ENV_ADDRESS], os.environ.get(ENV_TOKEN)), None
+    address = env.get(ENV_ADDRESS)
+    if address:
+        return CoordinatorClient(address, env.get(ENV_TOKEN)), None
     store = _store()
     if store is None and world > 1:
         raise ConfigError(

@@ -15,10 +15,10 @@ whole dataset (or rank 0 of the right world, reading half of it).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from stoker import env
 from stoker.errors import ConfigError
 
 
@@ -87,7 +87,7 @@ def detect(rank: int | None = None, world: int | None = None) -> Placement:
             d_rank, d_world = dist.get_rank(), dist.get_world_size()
             source = "torch.distributed"
         else:
-            d_rank, d_world = env_ranks(os.environ, rank is None, world is None)
+            d_rank, d_world = env_ranks(env.ranks(), rank is None, world is None)
             source = "RANK/WORLD_SIZE"
         rank = d_rank if rank is None else rank
         world = d_world if world is None else world
@@ -96,7 +96,7 @@ def detect(rank: int | None = None, world: int | None = None) -> Placement:
             f"rank {rank} is not in a world of size {world} (from {source}): "
             "the rank must be in [0, world_size)"
         )
-    local_rank = _env_int(os.environ, "LOCAL_RANK", 0)
+    local_rank = _env_int(env.ranks(), "LOCAL_RANK", 0)
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
