@@ -163,10 +163,18 @@ class FaultProxy:
         return rec
 
     def _send(self, sock: socket.socket, rec: Served, body: bytes) -> None:
-        sock.sendall(body)
+        # counted before the write: once the client holds the bytes, the counts do too
+        # (counting after sendall raced a test that reads them as soon as its read returns)
         with self._lock:
             rec.body_bytes += len(body)
             self.bytes_sent += len(body)
+        try:
+            sock.sendall(body)
+        except OSError:
+            with self._lock:  # the client went away: these did not (all) cross
+                rec.body_bytes -= len(body)
+                self.bytes_sent -= len(body)
+            raise
 
     # -- lifecycle ----------------------------------------------------------------
     @property
