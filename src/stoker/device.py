@@ -564,6 +564,8 @@ class DevicePrefetcher:
         self.stage = dev.type == "cuda" if stage is None else stage
         self.time_copies = time_copies and dev.type == "cuda"
         self._snapshot = _snapshotter(loader)
+        # fed by a coordinator: a broken-off pass is kept, not reloaded from its state
+        self._fed = getattr(loader, "coordinator", None) is not None
         self._run: _Run | None = None
         self._state: Snapshot | None = None  # as of the last batch handed out, while it differs
         self._suspended: _Run | None = None  # a broken-off pass to continue
@@ -635,7 +637,7 @@ class DevicePrefetcher:
                 try:
                     yield batch
                 except GeneratorExit:
-                    keep = getattr(self.loader, "coordinator", None) is not None
+                    keep = self._fed
                     raise
         finally:
             if keep:
@@ -651,7 +653,7 @@ class DevicePrefetcher:
                 self._state = None
             elif (
                 self._state is not None
-                and getattr(self.loader, "coordinator", None) is None
+                and not self._fed
                 and callable(getattr(self.loader, "load_state_dict", None))
             ):
                 # a pass cut short: the loader goes back to the last batch training took,

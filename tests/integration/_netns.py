@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stoker.runtime import alive
+
 PREFIX = "stoker-it"
 _NAME = re.compile(rf"^{PREFIX}-(\d+)-(\d+)-[0-9a-f]+(-[A-Za-z0-9]+)?$")
 
@@ -48,7 +50,7 @@ def _pidns() -> int:
 def _stale(name: str) -> bool:
     """A name of ours made by a process of this pid namespace that is gone."""
     m = _NAME.match(name)
-    return m is not None and int(m.group(1)) == _pidns() and not _alive(int(m.group(2)))
+    return m is not None and int(m.group(1)) == _pidns() and not alive(int(m.group(2)))
 
 
 class NetnsUnavailable(RuntimeError):
@@ -99,16 +101,6 @@ def kill_pids(pids_of: Any, timeout: float = 15.0) -> list[int]:
                 os.close(fd)
         if time.monotonic() > deadline:
             return pids_of()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def reap_stale() -> None:

@@ -9,8 +9,7 @@ agent) raises the typed error naming the file and the block or the field.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,16 @@ from stoker import TokenDataset, TokenLoader, TokenSource
 from stoker.manifest import INDEX_DTYPE
 
 from .helpers import Written, check_samples
+from .test_agent import Agents
 
 SEQ_LEN = 16
+
+
+@pytest.fixture
+def agents() -> Iterator[Agents]:
+    a = Agents()
+    yield a
+    a.close()
 
 
 @pytest.fixture
@@ -162,38 +169,17 @@ def test_a_misfit_manifest_fails_in_worker_processes(dataset: Written, front: st
     assert "block " in str(info.value)
 
 
-def test_a_misfit_manifest_fails_through_the_node_agent(dataset: Written, tmp_path: Path) -> None:
+def test_a_misfit_manifest_fails_through_the_node_agent(
+    dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
     _edit(dataset, "compression", "shuffle", value=True, unseal=True)
     cache = tmp_path / "cache"
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stoker.cache.agent",
-            "--cache-dir",
-            str(cache),
-            "--cache-limit",
-            "1G",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert agent.stdout is not None
-        for line in agent.stdout:  # the agent prints "serving" once it listens
-            if "serving" in line:
-                break
-        else:
-            raise AssertionError("the agent did not start")
-        ds = TokenDataset(str(dataset.path), SEQ_LEN, cache_dir=cache)
-        with pytest.raises(stoker.ManifestError, match="outside the manifest's vocabulary") as info:
-            list(ds)
-        assert "from the stoker agent" in str(info.value)  # the agent decoded, and refused
-        assert "block " in str(info.value)
-    finally:
-        agent.kill()
-        agent.wait()
+    agents.start(cache)
+    ds = TokenDataset(str(dataset.path), SEQ_LEN, cache_dir=cache)
+    with pytest.raises(stoker.ManifestError, match="outside the manifest's vocabulary") as info:
+        list(ds)
+    assert "from the stoker agent" in str(info.value)  # the agent decoded, and refused
+    assert "block " in str(info.value)
 
 
 def test_forged_index_entries_are_refused(dataset: Written) -> None:
