@@ -223,7 +223,7 @@ def bench_static(total: int) -> float:
 
 def bench_dynamic(total: int, tmp: Path) -> tuple[float, int]:
     from stoker.coordinator.client import CoordinatorClient
-    from stoker.coordinator.source import LeaseStream
+    from stoker.coordinator.consumer import LeaseStream
 
     proc, address = start_coordinator(
         tmp / "straggler", "--world", "1", "--num-samples", str(total), "--lease-size", str(total // 12),

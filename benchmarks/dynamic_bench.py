@@ -344,7 +344,7 @@ def _cpu(r: dict[str, Any]) -> str:
 
 def _costs(s: dict[str, Any], batches: int) -> list[str]:
     """Where the dynamic path's time goes, from the CPU columns (coordinator vs static)."""
-    from stoker.loader.dynamic import CONFIRM_WINDOW
+    from stoker.coordinator.consumer import CONFIRM_WINDOW
 
     out = []
     for nw in WORKERS:

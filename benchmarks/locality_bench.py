@@ -62,7 +62,7 @@ import numpy as np
 import stoker
 from stoker import plan
 from stoker.cache.client import AgentClient
-from stoker.loader.locality import local_ranges
+from stoker.coordinator.holdings import local_ranges
 cfg = json.loads(sys.argv[1])
 agent = AgentClient(cfg["cache"], autostart=False)
 ds = stoker.TokenDataset(cfg["url"], cfg["seq_len"], batch_size=cfg["batch"], rank=cfg["rank"],
@@ -371,7 +371,7 @@ def partition_local(num_samples: int, block_tokens: int) -> float:
     """Share of epoch 1's positions (one-shard windows) that ``local_ranges`` reports local to
     a node holding exactly a third of the shards (random, with every block they touch)."""
     from stoker import plan
-    from stoker.loader.locality import local_ranges
+    from stoker.coordinator.holdings import local_ranges
 
     cfg = plan.ShuffleConfig(0, True, SHARD, 1).resolve(SEQ_LEN)
     ns = num_samples // SHARD

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from stoker.coordinator.leases import Config as LeaseConfig
     from stoker.device import DevicePrefetcher
     from stoker.loader.dataset import TokenDataset
-    from stoker.loader.fast import TokenLoader
+    from stoker.loader.loader import TokenLoader
     from stoker.loader.masks import cu_seqlens, doc_starts
 
 #: Names imported when first asked for: torch (the loader, the device tier) takes seconds
@@ -46,7 +46,7 @@ _LAZY = {
     "CoordinatorClient": "stoker.coordinator.client",
     "DevicePrefetcher": "stoker.device",
     "TokenDataset": "stoker.loader.dataset",
-    "TokenLoader": "stoker.loader.fast",
+    "TokenLoader": "stoker.loader.loader",
     "cu_seqlens": "stoker.loader.masks",
     "doc_starts": "stoker.loader.masks",
 }

@@ -63,7 +63,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -136,12 +136,29 @@ def narrow_dtype(vocab_size: int) -> torch.dtype | None:
     return None
 
 
-def _auto_transfer(loader: Any) -> dict[str, torch.dtype]:
-    """``tokens`` narrowed to what the loader's dataset vocabulary needs, if it has one."""
-    manifest = getattr(getattr(loader, "dataset", None), "manifest", None)
-    vocab = getattr(manifest, "vocab_size", None)
-    narrow = narrow_dtype(vocab) if isinstance(vocab, int) and vocab > 0 else None
-    return {"tokens": narrow} if narrow is not None else {}
+@runtime_checkable
+class Prefetchable(Protocol):
+    """What the device tier asks of a loader that knows itself (a
+    :class:`~stoker.TokenLoader`); any other loader gets the defaults: its
+    ``state_dict()`` taken after every batch, the transfer dtypes it is given, rank 0.
+    """
+
+    rank: int  # whose figures the device tier's metrics are
+    keeps_passes: bool  # a broken-off pass is continued as it is, not reloaded from a state
+    zero_copy: bool  # its batches are views, valid only until the next one is asked for
+
+    def snapshot(self) -> Callable[[], dict[str, Any]]:
+        """The state as of the batch just handed out, cheap to take after every batch;
+        calling it makes the state."""
+        ...
+
+    def transfer_dtypes(self) -> Mapping[str, torch.dtype]:
+        """The dtypes fields cross the bus in (narrower than they are, where they fit)."""
+        ...
+
+    def end_pass(self) -> None:
+        """Drop a kept, broken-off pass."""
+        ...
 
 
 class _Done:
@@ -366,29 +383,16 @@ Snapshot = Callable[[], dict[str, Any]]  # the state, made when asked for
 
 def _snapshotter(loader: Any) -> Callable[[], Snapshot] | None:
     """How to capture the loader's state cheaply after each batch it hands out."""
+    if isinstance(loader, Prefetchable):
+        return loader.snapshot
     if not callable(getattr(loader, "state_dict", None)):
         return None
-    if getattr(loader, "coordinator", None) is not None and callable(
-        getattr(loader, "state_at", None)
-    ):
-        return lambda: _coordinator_snapshot(loader)
 
     def eager() -> Snapshot:
         state = loader.state_dict()
         return lambda: dict(state)
 
     return eager
-
-
-def _coordinator_snapshot(loader: Any) -> Snapshot:
-    """A coordinator-fed TokenLoader's state is a Checkpoint call at the rank's batch count:
-    keep the count, make the call (``state_at``) when a state is asked for."""
-    ep = getattr(loader, "last_epoch", None)
-    if ep is None or ep.epoch is None:
-        state = loader.state_dict()  # nothing handed out yet: no call made
-        return lambda: dict(state)
-    epoch, batches = int(ep.epoch), int(ep.batches)
-    return lambda: loader.state_at(epoch, batches)  # type: ignore[no-any-return]
 
 
 class _Run:
@@ -560,18 +564,21 @@ class DevicePrefetcher:
         self.device = dev
         self.depth = depth
         self.widen = dict({"tokens": torch.int64} if widen is None else widen)
-        self.transfer = dict(_auto_transfer(loader) if transfer is None else transfer)
+        knows: Prefetchable | None = loader if isinstance(loader, Prefetchable) else None
+        if transfer is None:
+            transfer = knows.transfer_dtypes() if knows is not None else {}
+        self.transfer = dict(transfer)
         self.stage = dev.type == "cuda" if stage is None else stage
         self.time_copies = time_copies and dev.type == "cuda"
         self._snapshot = _snapshotter(loader)
-        # fed by a coordinator: a broken-off pass is kept, not reloaded from its state
-        self._fed = getattr(loader, "coordinator", None) is not None
+        # e.g. fed by a coordinator: a broken-off pass is kept, not reloaded from its state
+        self._fed = knows is not None and knows.keeps_passes
+        self._views = knows is not None and knows.zero_copy
         self._run: _Run | None = None
         self._state: Snapshot | None = None  # as of the last batch handed out, while it differs
         self._suspended: _Run | None = None  # a broken-off pass to continue
         self._stats = LoaderStats(rank=-1)
-        placement = getattr(getattr(loader, "dataset", None), "_placement", None)
-        self._exported = METRICS.device(placement().rank if callable(placement) else 0)
+        self._exported = METRICS.device(knows.rank if knows is not None else 0)
         self._movers: list[Mover] = []
 
     def __len__(self) -> int:
@@ -579,8 +586,7 @@ class DevicePrefetcher:
 
     def _mover(self) -> Mover:
         if not self.stage:
-            views = bool(getattr(self.loader, "zero_copy", False))
-            return _Pass(self.widen, views)
+            return _Pass(self.widen, self._views)
         dev = _Cuda(self.device) if self.device.type == "cuda" else _Host(self.device)
         mover = _Stager(dev, self.depth, self.transfer, self.widen, self.time_copies)
         self._movers.append(mover)
@@ -671,9 +677,8 @@ class DevicePrefetcher:
         self._suspended = None
         if self._run is not None:
             self._finish(self._run)
-        drop = getattr(self.loader, "_drop_suspended", None)
-        if callable(drop):
-            drop()
+        if isinstance(self.loader, Prefetchable):
+            self.loader.end_pass()
 
     def __enter__(self) -> DevicePrefetcher:
         return self
@@ -686,6 +691,14 @@ class DevicePrefetcher:
             self.close()
 
     # -- state -----------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The state as of the last batch handed out, made when called."""
+        if self._state is not None:
+            return self._state
+        if self._snapshot is not None:
+            return self._snapshot()
+        return self.state_dict
+
     def state_dict(self) -> dict[str, Any]:
         """The loader's state as of the last batch handed out (batches in flight not counted)."""
         if self._state is not None:

@@ -245,7 +245,7 @@ def test_a_consumer_silent_past_the_timeout_registers_again_and_loses_nothing(
     back to the queue; when it wakes it registers again and the epoch completes once."""
     import time
 
-    from stoker.coordinator.source import LeaseStream
+    from stoker.coordinator.consumer import LeaseStream
 
     _, address = coordinators.start(
         "--state", str(tmp_path / "s"), "--world", "1", "--num-samples", "200",

@@ -318,7 +318,7 @@ def _deaf_worker(conn: Any) -> None:
 
 @pytest.mark.timeout(60)
 def test_stopping_workers_escalates_to_sigkill_for_one_deaf_to_sigterm() -> None:
-    from stoker.loader.fast import _stop_workers
+    from stoker.loader.supervise import stop
 
     ctx = multiprocessing.get_context("fork")
     conns, procs = [], []
@@ -331,7 +331,7 @@ def test_stopping_workers_escalates_to_sigkill_for_one_deaf_to_sigterm() -> None
         conns.append(parent)
         procs.append(proc)
     os.kill(procs[1].pid, signal.SIGSTOP)  # and one stopped as well
-    _stop_workers(conns, procs)
+    stop(conns, procs)
     assert [p.exitcode for p in procs] == [-signal.SIGKILL, -signal.SIGKILL]
     assert all(gone(p.pid) for p in procs)
 

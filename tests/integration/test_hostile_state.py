@@ -112,14 +112,12 @@ def test_a_good_static_state_still_restores_exactly(small_dataset: Written) -> N
 
 def _dynamic_state(written: Written, **snapshot: Any) -> dict[str, Any]:
     """A state as a coordinator-fed loader makes it (the checkpoint names its snapshot)."""
-    from stoker.loader.dynamic import _stream_json
-
     S = written.num_samples(SEQ_LEN)
     snap = {
         "epoch": 0,
         "epoch_set": [[0, S]],
         "consumed": [[0, 8]],
-        "stream": _stream_json(_dataset(written)),
+        "stream": _dataset(written).stream_identity(),
         "batches": 2,
         **snapshot,
     }

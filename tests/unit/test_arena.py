@@ -101,24 +101,3 @@ def test_first_uses_equal_a_sorted_unique(blocks: list[int]) -> None:
     np.testing.assert_array_equal(order, uniq[by_use])
     np.testing.assert_array_equal(first, idx[by_use])
     assert (table == NEVER).all()  # left clean for the next call
-
-
-def test_lookahead_plans_into_the_tail_without_yielding_it(
-    write_small: Callable[..., SmallDataset],
-) -> None:
-    from stoker.loader.dataset import _Reader
-
-    ds = write_small(num_docs=100, max_len=100)
-    reader = _Reader(stoker.TokenSource(ds.url), 4, 8, True, horizon=6)
-    chunks = [np.arange(i, i + 4) for i in range(0, 12, 4)]
-    tail = [np.arange(100, 104), np.arange(104, 108)]
-    seen, plans = [], []
-    try:
-        for cur in reader.lookahead(iter(chunks), iter(tail)):
-            seen.append(cur.tolist())
-            plans.append(reader._seq.tolist())
-    finally:
-        reader.close()
-    assert seen == [c.tolist() for c in chunks]  # the tail is never yielded
-    assert plans[0] == list(range(0, 12))  # current + at least `horizon` more
-    assert plans[-1] == [8, 9, 10, 11, *range(100, 108)]  # the last chunk sees the next epoch

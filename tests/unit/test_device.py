@@ -22,7 +22,7 @@ import stoker
 from stoker import device as device_tier
 from stoker.device import narrow_dtype
 from stoker.errors import StateError, StokerError
-from stoker.loader import fast
+from stoker.loader import loader as token_loader
 from stoker.pinned import Event, Loan, Loans
 
 from ._datasets import SmallDataset
@@ -245,9 +245,27 @@ def test_after_a_whole_pass_the_state_is_the_loaders(data: SmallDataset) -> None
 
 class CoordinatorLike:
     """A loader whose state is an expensive call at its batch count, like a
-    coordinator-fed TokenLoader (``coordinator``, ``last_epoch``, Checkpoint)."""
+    coordinator-fed TokenLoader (``coordinator``, ``last_epoch``, Checkpoint); it tells
+    the device tier so (:class:`stoker.device.Prefetchable`)."""
 
     coordinator = "fake"
+    rank = 0
+    keeps_passes = True
+    zero_copy = False
+
+    def snapshot(self) -> Any:
+        ep = self.last_epoch
+        if ep is None:
+            state = self.state_dict()
+            return lambda: dict(state)
+        epoch, batches = ep.epoch, ep.batches
+        return lambda: self.state_at(epoch, batches)
+
+    def transfer_dtypes(self) -> dict[str, torch.dtype]:
+        return {}
+
+    def end_pass(self) -> None:
+        pass
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -424,7 +442,7 @@ def test_the_loaders_device_option_reads_ahead_and_resumes_exactly(
 def lent_view(ld: stoker.TokenLoader) -> Any:
     """The device tier's view of ``ld`` (its ``loans``, ``register``)."""
     view = ld._prefetcher().loader
-    assert isinstance(view, fast._HostView)
+    assert isinstance(view, token_loader._HostView)
     return view
 
 
@@ -479,7 +497,7 @@ def late_copies(
     its copy's event completed."""
     after = getattr(request, "param", 3)
     monkeypatch.setattr(device_tier._Host, "record", lambda self, timed: LateEvent(after))
-    monkeypatch.setattr(fast, "Loans", CheckedLoans)
+    monkeypatch.setattr(token_loader, "Loans", CheckedLoans)
     CheckedLoans.made = []
     return CheckedLoans.made
 
@@ -513,7 +531,7 @@ def test_lent_slots_give_the_int64_paths_batches_bit_for_bit(
 ) -> None:
     ld = loader(data, 2, device="cpu")
     view = lent_view(ld)
-    assert view.slot_dtype() == torch.uint16  # vocab 1000: the workers write uint16
+    assert view.transfer_dtypes()["tokens"] == torch.uint16  # vocab 1000: the workers write uint16
     if not stage:  # the pass-through mover copies lent slots out, too
         ld._device = stoker.DevicePrefetcher(view, "cpu", depth=2, stage=False)
     got = list(ld) + list(ld)

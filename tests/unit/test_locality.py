@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from stoker import plan
-from stoker.loader.locality import local_ranges
+from stoker.coordinator.holdings import local_ranges
 
 
 def blocks_of(ids: np.ndarray, seq_len: int, bt: int) -> set[int]:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from stoker import intervals
-from stoker.coordinator.source import LeaseStream
+from stoker.coordinator.consumer import LeaseStream
 from stoker.loader import state as st
 from stoker.loader.sources import PositionSource, StaticSource
 
@@ -64,7 +64,7 @@ def test_the_lease_stream_offers_the_same_interface() -> None:
 
 
 def test_the_confirm_window_shrinks_for_large_batches() -> None:
-    from stoker.loader.dynamic import CONFIRM_BYTES, CONFIRM_WINDOW, confirm_window
+    from stoker.coordinator.consumer import CONFIRM_BYTES, CONFIRM_WINDOW, confirm_window
 
     assert confirm_window(4, 150_000) == CONFIRM_WINDOW  # (8, 2049) batches: 64 of them
     big = 64 * 8193 * 9  # (64, 8193) tokens and masks: 4.7 MB a batch

@@ -1,7 +1,7 @@
 """The order in which a rank hands batches to training, from its log of confirmed batches.
 
 Pure. A rank's main process confirms each batch its consumers produce before
-it hands the batch out (:mod:`stoker.loader.dynamic`), and the coordinator logs
+it hands the batch out (:mod:`stoker.loader.coordinated`), and the coordinator logs
 every such confirmation with the rows it accepted. What training then sees
 follows from the log alone:
 

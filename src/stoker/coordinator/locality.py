@@ -1,7 +1,7 @@
 """Where a node's next fresh lease starts: the coordinator's side of locality (pure).
 
 Consumers report the positions their node's cache holds
-(:mod:`stoker.loader.locality`), and a node that is granted a lease claims the
+(:mod:`stoker.coordinator.holdings`), and a node that is granted a lease claims the
 shuffle windows it touches (its reader fetches their blocks). With
 ``Config.locality`` the lease table grants a node its own positions first,
 then positions that belong to no node, then the front of the queue. Every

@@ -179,7 +179,9 @@ def check(state: Any, identity: dict[str, Any]) -> None:
     """Raise StateError unless ``state`` is a static state of the dataset ``identity``
     describes, every field of the right type and inside its range."""
     check_version(state)
-    for name in IDENTITY_FIELDS:
+    # IDENTITY_FIELDS (in this order) for tokens; a kind's own fields otherwise
+    names = [n for n in IDENTITY_FIELDS if n in identity]
+    for name in names + [n for n in identity if n not in names]:
         mine, theirs = identity[name], state.get(name)
         if not _same(theirs, mine):
             what = "dataset" if name in ("dataset_id", "num_samples") else "configuration"

@@ -1,0 +1,243 @@
+"""A consumer's side of the coordinator: its leases (:class:`LeaseStream`), the rank's
+confirms (:class:`Confirmer`) and what its node's cache holds (:func:`local_ranges`).
+
+The static plan hands a worker its positions by arithmetic (``plan.worker_indices``);
+this source hands them out by leases. A consumer registers, takes leases, reads
+only below each lease's horizon (asking for more read-ahead when it gets
+there), and reports its read position, which is also how the coordinator
+learns its rate. Each batch comes with the ``(lease, upto)`` segments that the
+rank's main process must confirm before the batch reaches training.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stoker._proto import coordinator_pb2 as pb
+from stoker.coordinator.client import CoordinatorClient, LeaseRejected, answers
+from stoker.coordinator.holdings import local_ranges as local_ranges  # what a consumer reports
+
+Segments = list[tuple[int, int, int]]  # (lease, upto, rows)
+
+
+@dataclass
+class _Held:
+    end: int
+    horizon: int
+    read: int
+
+
+class LeaseStream:
+    """Positions for consumer (``rank``, ``worker``) of the coordinator's current epoch."""
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        rank: int,
+        worker: int,
+        wait: float = 0.02,
+        *,
+        stream: str = "",
+        min_epoch: int = 0,
+        node: str = "",
+        local: Callable[[int], list[tuple[int, int]]] | None = None,
+    ) -> None:
+        """``node`` names the consumer's cache; ``local(epoch)`` gives the positions of
+        ``epoch`` that cache holds, reported once registered (locality)."""
+        self.client = client
+        self.wait = wait
+        self._who = (rank, worker, node, stream, local)
+        self.reregistered = 0
+        self._register(min_epoch)
+        self._held: dict[int, _Held] = {}
+        self._last: int | None = None  # the lease the last batch ended in
+        # every lease granted to us this epoch: a lease read to its end is not confirmed
+        # until the rank's main process hands its batch out, so it must not be re-granted
+        self._granted: set[int] = set()
+        self._over = False
+
+    def _register(self, min_epoch: int) -> None:
+        rank, worker, node, stream, local = self._who
+        # an epoch's last consumers may finish before the others: the coordinator begins
+        # the next epoch only when all are done, so wait for it rather than join the old
+        while True:
+            self.consumer, self.epoch = self.client.register(
+                rank, worker, node=node, stream=stream, min_epoch=min_epoch
+            )
+            if self.consumer:
+                self.first_step = self.client.first_step
+                break
+            time.sleep(self.wait)
+        if node and local is not None:
+            ranges = local(self.epoch)
+            if ranges:
+                self.client.report_local(self.consumer, self.epoch, ranges)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A lease or heartbeat call; None when this consumer had expired (it was silent
+        past the coordinator's timeout, e.g. a long pause): its leases went back to the
+        queue, so it registers again, holding nothing, and carries on."""
+        try:
+            return fn(self.consumer, self.epoch, *args)
+        except LeaseRejected as exc:
+            if "expired" not in str(exc):
+                raise
+        epoch = self.epoch
+        self._register(epoch)
+        self.reregistered += 1
+        self._held.clear()
+        self._granted.clear()
+        self._last = None
+        if self.epoch != epoch:  # the epoch ended meanwhile: nothing more for us in it
+            self._over = True
+        return None
+
+    def _update(self, limits: dict[int, tuple[int, int]] | None) -> None:
+        if limits is None:
+            return
+        for lease, (end, horizon) in limits.items():
+            h = self._held.get(lease)
+            if h is not None:
+                h.end, h.horizon = end, horizon
+
+    def _next_lease(self) -> int | None:
+        """A lease with positions left to read, or None when the epoch has none for us."""
+        while True:
+            if self._over:
+                return None
+            for lease, h in sorted(self._held.items()):
+                if h.read < h.end:
+                    return lease
+                del self._held[lease]
+            r = self._call(self.client.lease, sorted(self._granted))
+            if r is None:
+                continue  # registered again
+            if r.status == pb.LeaseReply.GRANTED:
+                self._held[int(r.lease)] = _Held(int(r.end), int(r.horizon), int(r.start))
+                self._granted.add(int(r.lease))
+                continue
+            if r.status == pb.LeaseReply.DONE:
+                return None
+            time.sleep(self.wait)  # WAIT: every position is in someone's lease; ask again
+            self._update(self._call(self.client.heartbeat))
+
+    def upcoming(self, limit: int) -> np.ndarray:
+        """Up to ``limit`` positions this consumer reads next, as far as it knows: the rest
+        of the lease its last batch ended in (to plan prefetching; part may be stolen)."""
+        h = self._held.get(self._last) if self._last is not None else None
+        if h is None:
+            return np.zeros(0, dtype=np.int64)
+        return np.arange(h.read, min(h.end, h.read + limit), dtype=np.int64)
+
+    def batches(self, size: int) -> Iterator[tuple[np.ndarray, list[tuple[int, int, int]]]]:
+        """``(positions, segments)`` of up to ``size`` positions; the last may be shorter.
+
+        A segment ``(lease, upto, rows)`` says the next ``rows`` rows of the batch are
+        positions of ``lease`` up to ``upto``; confirm ``(lease, upto)`` before use.
+        """
+        parts: list[np.ndarray] = []
+        segments: list[tuple[int, int, int]] = []
+        have = 0
+        while True:
+            lease = self._next_lease()
+            if lease is None:
+                break
+            h = self._held[lease]
+            if h.read >= h.horizon:  # at the read horizon: report, and get more read-ahead
+                self._update(self._call(self.client.heartbeat, lease, h.read))
+                continue
+            upto = min(h.horizon, h.end, h.read + size - have)
+            self._last = lease
+            parts.append(np.arange(h.read, upto, dtype=np.int64))
+            segments.append((lease, upto, upto - h.read))
+            have += upto - h.read
+            h.read = upto
+            if have == size:
+                if h.horizon - h.read < size:  # the next batch would reach the horizon
+                    self._update(self._call(self.client.heartbeat, lease, upto))
+                yield np.concatenate(parts), segments
+                parts, segments, have = [], [], 0
+        if have:
+            yield np.concatenate(parts), segments
+
+
+#: Batches a rank reads ahead while their confirms are in flight: one coordinator round
+#: trip and journal write (a few ms) then covers many batches. 64 rather than 16 took
+#: an epoch from 25 to 41 M tok/s with num_workers=0 (benchmarks/dynamic_bench.py's
+#: dataset, no training step); at most :data:`CONFIRM_BYTES` of batches wait.
+CONFIRM_WINDOW = 64
+CONFIRM_BYTES = 256 << 20
+
+
+def confirm_window(prefetch: int, batch_bytes: int) -> int:
+    """Batches read ahead of their confirms: :data:`CONFIRM_WINDOW`, fewer for large
+    batches (within :data:`CONFIRM_BYTES`, but at least 4 and ``prefetch``)."""
+    return max(prefetch, 4, min(CONFIRM_WINDOW, CONFIRM_BYTES // max(1, batch_bytes)))
+
+
+class Confirmer:
+    """Confirms a rank's batches in order on a thread of its own, as many per message as
+    are waiting (``Batch`` of ``ConfirmBatch`` calls), so the coordinator's round trip
+    and journal write overlap the reading of the next batches and the training step."""
+
+    def __init__(self, client: CoordinatorClient, size: int) -> None:
+        self.client, self.size = client, size
+        self.seq = 0
+        self._queue: deque[tuple[Future[list[bool | None]], Any]] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="stoker-confirm")
+        self._thread.start()
+
+    def submit(self, epoch: int, consumer: int, segments: Segments) -> Future[list[bool | None]]:
+        """Confirm the rank's next batch; the future gives an answer per segment."""
+        call = pb.Call(
+            confirm_batch=pb.ConfirmBatchRequest(
+                consumer=consumer,
+                epoch=epoch,
+                seq=self.seq,
+                segments=[pb.Segment(lease=a, upto=u, rows=n) for a, u, n in segments],
+                batch_size=self.size,
+            )
+        )
+        self.seq += 1
+        fut: Future[list[bool | None]] = Future()
+        with self._cv:
+            self._queue.append((fut, call))
+            self._cv.notify()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                work = list(self._queue)
+                self._queue.clear()
+            try:
+                results = self.client.batch([call for _, call in work])
+            except BaseException as exc:  # the coordinator is gone: every waiter learns it
+                for fut, _ in work:
+                    fut.set_exception(exc)
+                continue
+            for (fut, _), r in zip(work, results, strict=True):
+                if r.WhichOneof("kind") == "error":
+                    fut.set_exception(LeaseRejected(r.error.code, r.error.message))
+                else:
+                    fut.set_result(answers(r.confirm_batch))
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join()

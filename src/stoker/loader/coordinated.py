@@ -1,0 +1,157 @@
+"""``TokenLoader`` fed by the coordinator's leases instead of the static plan.
+
+Workers (or the main process, with ``num_workers=0``) are consumers: each
+takes leases (:class:`~stoker.coordinator.consumer.LeaseStream`), turns positions
+into sample ids with the same pure plan (``plan.Stream``) and gathers batches
+into shared-memory slots as in the static path. The main process confirms each
+batch (``ConfirmBatch``, the rank's next batch number) *before* handing it out
+and drops the rows of any segment the coordinator refuses (its lease expired
+and went to another consumer), so a sample reaches training at most once, and,
+with the coordinator requeueing what was not confirmed, exactly once.
+
+Every rank must see the same number of batches (collectives hang otherwise),
+but leases are not cut in batch multiples. So a batch shorter than
+``batch_size`` (a worker's last one, or one that lost rows) is held back, and
+the held rows are re-cut into full batches at the end of the epoch: a rank
+gets exactly ``ceil(quota / batch_size)`` batches, the same for every rank.
+That rule lives in :mod:`stoker.coordinator.delivery`, so the coordinator,
+which logs every confirmed batch, knows what each rank's first ``k`` batches
+were (checkpoints) and the whole order (replay).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from stoker.coordinator.client import CoordinatorClient
+from stoker.coordinator.consumer import Confirmer, LeaseStream, confirm_window
+from stoker.loader.consumer import ConsumerSpec
+from stoker.loader.planned import PlannedDataset
+from stoker.loader.pool import WorkerPool
+
+Batch = dict[str, torch.Tensor]
+Segments = list[tuple[int, int, int]]  # (lease, upto, rows)
+
+
+class CoordinatedEpoch:
+    """One epoch of a rank's batches through the coordinator: the worker pool's batches
+    (unordered), confirmed in order, short ones held back and re-cut at the end."""
+
+    def __init__(
+        self,
+        ds: PlannedDataset,
+        client: CoordinatorClient,
+        rank: int,
+        num_workers: int,
+        prefetch: int,
+        min_epoch: int = 0,
+        *,
+        timeout: float = 300.0,
+        ready: Callable[[int], None] | None = None,
+    ) -> None:
+        self.ds, self.client, self.rank = ds, client, rank
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self.epoch: int | None = None
+        self.min_epoch = min_epoch
+        self.timeout = timeout
+        self.ready = ready  # told how many batches wait for their confirms
+        self.dropped = 0  # rows whose confirm was refused
+        self.delivered = 0  # rows handed out
+        self.batches = 0  # batches of the epoch handed out (counting those before a restore)
+        self.finished = False
+
+    def _began(self, epoch: int, first_step: int) -> None:
+        if self.epoch is None:
+            self.epoch = epoch
+            self.batches = first_step
+
+    def _keep(self, batch: Batch, segments: Segments, answers: list[bool | None]) -> Batch:
+        """The rows of ``batch`` whose segments the coordinator accepted."""
+        keep = np.ones(len(batch["sample_id"]), dtype=bool)
+        row = 0
+        for (_, _, rows), answer in zip(segments, answers, strict=True):
+            if answer is None:
+                keep[row : row + rows] = False
+            row += rows
+        if keep.all():
+            return batch
+        self.dropped += int((~keep).sum())
+        idx = torch.from_numpy(np.flatnonzero(keep))
+        return {k: v[idx] for k, v in batch.items()}
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches in the order :mod:`stoker.coordinator.delivery` defines: full ones as
+        they come, the short ones' rows re-cut at the end."""
+        B = self.ds.batch_size
+        held: list[Batch] = []
+        pending: deque[tuple[Batch, Segments, Future[list[bool | None]]]] = deque()
+        confirmer = Confirmer(self.client, B)
+        window = confirm_window(self.prefetch, B * self.ds.layout.row_bytes())
+
+        def hand_out() -> Iterator[Batch]:
+            batch, segments, answer = pending.popleft()
+            out = self._keep(batch, segments, answer.result())
+            if len(out["sample_id"]) == B:
+                self.delivered += B
+                self.batches += 1
+                yield out
+            elif len(out["sample_id"]):
+                held.append(out)
+
+        try:
+            for consumer, batch, segments in self._produce():
+                assert self.epoch is not None
+                pending.append((batch, segments, confirmer.submit(self.epoch, consumer, segments)))
+                # hand out what is confirmed; wait for a confirm only with `window` queued
+                while pending and (pending[0][2].done() or len(pending) > window):
+                    if self.ready is not None:
+                        self.ready(len(pending) - 1)
+                    yield from hand_out()
+            while pending:
+                yield from hand_out()
+        finally:
+            confirmer.close()
+        if held:
+            merged = {k: torch.cat([r[k] for r in held]) for k in held[0]}
+            n = len(merged["sample_id"])
+            for lo in range(0, n, B):
+                self.delivered += min(B, n - lo)
+                self.batches += 1
+                yield {k: v[lo : lo + B] for k, v in merged.items()}
+        self.finished = True
+
+    def _produce(self) -> Iterator[tuple[int, Batch, Segments]]:
+        """``(consumer, batch, segments)`` as the pool's consumers read them."""
+        ds = self.ds
+        stream, locality = ds.stream_identity(), ds.locality()
+        spec = ConsumerSpec(
+            source=lambda w: LeaseStream(
+                self.client, self.rank, w, min_epoch=self.min_epoch, stream=stream, **locality
+            ),
+            samples=ds.stream().samples,
+            reader=ds.open_reader,
+            batch_size=ds.batch_size,
+        )
+        pool = WorkerPool(
+            spec, ds.layout, self.num_workers, prefetch=self.prefetch, timeout=self.timeout,
+            rank=self.rank, ordered=False, name="stoker-lease-worker",
+        )  # fmt: skip
+        try:
+            for got in pool.batches():
+                began = pool.began[got.worker]
+                self._began(began.epoch, began.first_step)
+                batch = got.arrays
+                if not got.owned:  # held until confirmed: out of the slot
+                    batch = {k: v.clone() for k, v in batch.items()}
+                    pool.give_back(got)
+                yield began.consumer, batch, got.segments
+        finally:
+            pool.close()
+
+
+DynamicEpoch = CoordinatedEpoch  # its name before 0.2

@@ -1,0 +1,365 @@
+"""``PlannedDataset``: epochs, the static plan and resume state, for any kind of data.
+
+What a dataset of any kind shares: which epoch runs, where each rank and
+worker is in it (:class:`~stoker.loader.state.Progress`), the exact,
+topology-free state, the torch DataLoader protocol (an IterableDataset whose
+workers each take whole batches in turn) and the contract the loaders read an
+epoch through (:meth:`PlannedDataset.begin_epoch`, :class:`EpochPlan`). A kind
+adds only what its samples are: their number, an identity for resume checks, a
+batch :class:`~stoker.loader.batch.Layout` and a reader
+(:class:`~stoker.loader.consumer.Reader`). :class:`~stoker.TokenDataset` is one
+kind; the tests add a second.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from stoker import intervals, plan
+from stoker.errors import ConfigError, StateError
+from stoker.loader import passes
+from stoker.loader import state as st
+from stoker.loader.batch import SAMPLE_ID, Layout
+from stoker.loader.consumer import ConsumerSpec, Reader, allocate, produce
+from stoker.loader.distributed import Placement, detect
+from stoker.loader.sources import StaticSource
+from stoker.metrics_export import exported, worker_export
+
+#: Samples a dataset iterated in its own process (or a torch DataLoader worker) reads
+#: per call into its reader before it hands them out one by one.
+ITEM_CHUNK = 64
+
+
+class EpochPlan:
+    """One pass of a rank over the static plan: where it starts (``progress``, whose
+    ``consumed`` the loader advances as it hands batches out), the sources of its
+    workers, and :meth:`finish`, which moves the dataset on to the next epoch."""
+
+    def __init__(self, dataset: PlannedDataset, progress: st.Progress, rank: int) -> None:
+        self.dataset, self.progress, self.rank = dataset, progress, rank
+
+    @property
+    def batches(self) -> int:
+        """Batches left on this rank (the last may be short)."""
+        p = self.progress
+        return -(-(p.split.per_rank - p.consumed) // self.dataset.batch_size)
+
+    def source(self, worker: int, num_workers: int, skip: int = 0) -> StaticSource:
+        """Worker ``worker`` of ``num_workers``'s positions, the next epoch's first ones
+        planned behind them when the dataset asks for that (:attr:`plans_next_epoch`)."""
+        ds, p = self.dataset, self.progress
+        following = None
+        if ds.plans_next_epoch:
+            nxt = st.Progress(
+                p.epoch + 1,
+                p.split.next_epoch_set(p.epoch, ds.num_samples, ds.drop_remainder),
+                p.world,
+                p.chunk,
+            )
+            following = StaticSource(nxt, self.rank, worker, num_workers, ds.batch_size)
+        return StaticSource(p, self.rank, worker, num_workers, ds.batch_size, skip, following)
+
+    def spec(self, num_workers: int, batch_size: int | None = None, skip: int = 0) -> ConsumerSpec:
+        """What each of ``num_workers`` consumers of this pass runs."""
+        ds = self.dataset
+        return ConsumerSpec(
+            source=lambda w: self.source(w, max(1, num_workers), skip),
+            samples=ds.stream().samples,
+            reader=ds.open_reader,
+            batch_size=batch_size or ds.batch_size,
+        )
+
+    def finish(self) -> None:
+        """The pass read the whole epoch: the dataset goes on to the next."""
+        self.dataset._finish_epoch(self.progress)
+
+
+class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
+    """The kind-independent half of a stoker dataset (see the module docstring).
+
+    A subclass sets ``num_samples``, ``batch_size``, ``shuffle_config`` (resolved),
+    ``drop_remainder``, ``rank``, ``world_size`` and ``name`` (how messages name
+    it), and implements :meth:`identity`, :attr:`layout` and :meth:`open_reader`;
+    then calls :meth:`_init_epochs`.
+    """
+
+    num_samples: int
+    batch_size: int
+    shuffle_config: plan.ShuffleConfig
+    drop_remainder: bool
+    rank: int | None
+    world_size: int | None
+    name: str
+    #: Plan (prefetch) the next epoch's first samples at the end of this one: only
+    #: worth it where what is prefetched outlives the reader (a node agent).
+    plans_next_epoch: bool = False
+
+    # -- what a kind supplies ----------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """What a state must match to resume here (which data, which order)."""
+        raise NotImplementedError
+
+    @property
+    def layout(self) -> Layout:
+        """What a batch of this dataset holds."""
+        raise NotImplementedError
+
+    def open_reader(self) -> Reader:
+        """A reader of this dataset's samples (one per consumer; close it when done)."""
+        raise NotImplementedError
+
+    def locality(self) -> dict[str, Any]:
+        """How this rank's consumers describe their node's cache to the coordinator
+        (``node`` and ``local(epoch)``; see :class:`~stoker.coordinator.consumer.LeaseStream`)."""
+        return {}
+
+    def transfer_dtypes(self) -> dict[str, torch.dtype]:
+        """The dtypes a device tier should copy fields in (narrower than the layout's)."""
+        return {}
+
+    # -- the plan ------------------------------------------------------------------
+    def _init_epochs(self) -> None:
+        self._epoch = 0
+        self._next_set: np.ndarray | None = None  # carried set of the epoch after the last one
+        self._pending: dict[str, Any] | None = None  # a loaded state, for the next iteration
+        self._finished: dict[str, Any] | None = None  # a worker's state after its epoch ended
+        self._progress: st.Progress | None = None
+        self._worker: dict[str, int] | None = None
+        self._pass_key = uuid.uuid4().hex  # names this dataset's epochs in loader.passes
+
+    def stream(self) -> plan.Stream:
+        """Stream positions -> sample ids (the pure plan; a new one each call, with its
+        own cache of epoch orders)."""
+        return plan.Stream(self.num_samples, self.shuffle_config)
+
+    def stream_identity(self) -> str:
+        """How this dataset maps positions to samples, as JSON; the coordinator checks
+        that every rank's consumers agree."""
+        return json.dumps(self.identity(), sort_keys=True)
+
+    def placement(self) -> Placement:
+        """This process's rank, world, local rank and DataLoader worker."""
+        return detect(self.rank, self.world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Run epoch ``epoch`` next (like DistributedSampler.set_epoch).
+
+        A state loaded for the same epoch stays in force; for another epoch it is dropped.
+        """
+        epoch = operator.index(epoch)
+        if epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, got {epoch}")
+        self._pass_key = uuid.uuid4().hex  # what the workers of later passes run anew
+        if epoch != self._epoch:
+            self._next_set = None
+            self._pending = None
+            self._finished = None
+            self._progress = None  # a pass broken off in another epoch is not continued
+            self._worker = None
+        self._epoch = epoch
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def _begin(self, pl: Placement) -> tuple[st.Progress, int]:
+        """Progress to iterate and how many of this worker's samples to skip.
+
+        A pass that was broken off (the caller stopped iterating before the epoch's
+        end) is continued from what it consumed, exactly as its :meth:`state_dict`
+        would restore it; so is a loaded state. Otherwise the epoch starts afresh.
+        """
+        pending = self._pending
+        if pending is None and self._progress is not None:
+            worker = dict(self._worker) if self._worker is not None else None
+            pending = st.build(self.identity(), self.drop_remainder, self._progress, worker)
+        if pending is not None:
+            progress, worker = st.restore(pending, pl.world, self.batch_size)
+            skip = 0
+            if worker is not None and (worker.get("worker"), worker.get("num_workers")) == (
+                pl.worker,
+                pl.num_workers,
+            ):
+                skip = int(worker.get("yielded", 0))
+            return progress, skip
+        if self._next_set is not None:
+            epoch_set = self._next_set
+        else:
+            epoch_set = plan.first_epoch_set(
+                self._epoch, self.num_samples, pl.world, self.drop_remainder
+            )
+        return st.Progress(self._epoch, epoch_set, pl.world, self.batch_size), 0
+
+    def __len__(self) -> int:
+        """Samples that iterating now delivers to this process (this rank, or this
+        DataLoader worker): the rest of the epoch in progress (after a restore or a
+        broken-off pass), else the whole of the next one."""
+        pl = self.placement()
+        progress, _ = self._begin(pl)
+        n = progress.split.per_rank - progress.consumed
+        return plan.worker_count(n, pl.worker, pl.num_workers, self.batch_size)
+
+    def begin_epoch(self, pl: Placement | None = None) -> EpochPlan:
+        """Start (or continue) this rank's pass of the epoch that runs next: the loader's
+        way in. Advance ``plan.progress.consumed`` by what is handed out; call
+        ``plan.finish()`` once the pass read the whole epoch."""
+        plan_, _ = self._start(pl or self.placement())
+        return plan_
+
+    def _start(self, pl: Placement) -> tuple[EpochPlan, int]:
+        self._claim_epoch()
+        progress, skip = self._begin(pl)
+        self._finished = None
+        self._pending = None
+        self._epoch = progress.epoch
+        self._progress = progress
+        self._worker = (
+            {"worker": pl.worker, "num_workers": pl.num_workers, "yielded": skip}
+            if pl.num_workers > 1
+            else None
+        )
+        if pl.num_workers == 1 and skip:
+            progress.consumed += skip
+        return EpochPlan(self, progress, pl.rank), skip
+
+    def _finish_epoch(self, progress: st.Progress) -> None:
+        if self._worker is not None:
+            # inside a DataLoader worker, a state taken now (torchdata's StatefulDataLoader
+            # snapshots after the generator ends) must still describe the finished epoch
+            self._finished = st.build(
+                self.identity(), self.drop_remainder, progress, dict(self._worker)
+            )
+        self._next_set = progress.split.next_epoch_set(
+            progress.epoch, self.num_samples, self.drop_remainder
+        )
+        self._epoch = progress.epoch + 1
+        self._progress = None
+        self._worker = None
+
+    def _claim_epoch(self) -> None:
+        """In a torch DataLoader worker, run an epoch no earlier iteration of the loader
+        ran (:mod:`stoker.loader.passes`): the main process never learns what its
+        workers consumed, so iterating it again starts the next epoch."""
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None:
+            return
+        parent, pass_id = os.getppid(), info.seed - info.id
+        if self._pending is not None or self._progress is not None:
+            # a loaded state, or a pass broken off in the main process: the first
+            # DataLoader iteration continues it, later ones go on to the epochs after it
+            if passes.claim(parent, f"{self._pass_key}-resume", 0, pass_id) == 0:
+                return
+            if self._pending is not None:
+                done = self._pending["epoch"]
+            else:
+                assert self._progress is not None
+                done = self._progress.epoch
+            self._pending = self._progress = self._worker = self._finished = None
+            self._epoch, self._next_set = int(done) + 1, None
+        epoch = passes.claim(parent, self._pass_key, self._epoch, pass_id)
+        if epoch != self._epoch:
+            if info.id == 0:
+                warnings.warn(
+                    f"{self.name}: this DataLoader iteration runs epoch {epoch}: epoch "
+                    f"{self._epoch} was run by an earlier iteration of the same loader (its "
+                    "workers cannot know what was consumed, so it is not run twice); call "
+                    "set_epoch() before each epoch, or use stoker.TokenLoader or torchdata's "
+                    "StatefulDataLoader to continue a broken-off epoch",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            self._epoch = epoch
+            self._next_set = None
+
+    # -- iteration -------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is None:
+            return self._samples()
+        # a torch DataLoader worker: its counts reach the parent's /metrics by file
+        pl = self.placement()
+        return exported(self._samples(), worker_export(pl.rank, pl.worker))
+
+    def _samples(self) -> Iterator[dict[str, Any]]:
+        """One sample at a time: the consumer loop in this process, :data:`ITEM_CHUNK`
+        rows per read."""
+        pl = self.placement()
+        epoch, skip = self._start(pl)
+        progress = epoch.progress
+        spec = ConsumerSpec(
+            source=lambda w: epoch.source(pl.worker, pl.num_workers, skip),
+            samples=self.stream().samples,
+            reader=self.open_reader,
+            batch_size=ITEM_CHUNK,
+        )
+        count: Callable[[], None]
+        if self._worker is not None:
+            worker = self._worker
+
+            def count() -> None:
+                worker["yielded"] += 1
+
+        else:
+
+            def count() -> None:
+                progress.consumed += 1
+
+        for event in produce(spec, pl.worker, allocate(self.layout)):
+            arrays = getattr(event, "arrays", None)
+            if arrays is None:
+                continue  # Began
+            ids = arrays[SAMPLE_ID].tolist()
+            rest = [(k, v) for k, v in arrays.items() if k != SAMPLE_ID]
+            for i, sid in enumerate(ids):
+                item: dict[str, Any] = {k: v[i] for k, v in rest}
+                item[SAMPLE_ID] = sid
+                count()
+                yield item
+        epoch.finish()
+
+    # -- state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """A small, exact snapshot of how far this stream got (see stoker.loader.state)."""
+        if self._pending is not None:
+            return dict(self._pending)
+        if self._finished is not None:
+            return dict(self._finished)
+        progress = self._progress
+        if progress is None:
+            pl = self.placement()
+            progress, _ = self._begin(pl)
+        worker = dict(self._worker) if self._worker is not None else None
+        return st.build(self.identity(), self.drop_remainder, progress, worker)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration. Raises StateError if it does not fit."""
+        st.check(state, self.identity())
+        if state["drop_remainder"] != self.drop_remainder:
+            raise StateError(
+                f"state was saved with drop_remainder={state['drop_remainder']}, "
+                f"but this dataset has drop_remainder={self.drop_remainder}"
+            )
+        self._pending = dict(state)
+        self._pass_key = uuid.uuid4().hex
+        self._finished = None
+        self._epoch = state["epoch"]
+        self._next_set = None
+        self._progress = None
+
+    def epoch_positions(self) -> np.ndarray:
+        """Interval set of stream positions of the epoch that would run next."""
+        progress, _ = self._begin(self.placement())
+        return intervals.make(progress.epoch_set)
