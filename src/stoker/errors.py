@@ -18,14 +18,16 @@ can catch either::
     ├── AgentError (RuntimeError)           the node agent could not start, or refused
     │   └── AgentRunningError               another agent owns the cache directory
     ├── ProtocolError (ConnectionError)     a peer sent something that is not a valid frame
-    ├── LeaseRejected (RuntimeError)        the coordinator refused a request
+    ├── CoordinatorRefused (RuntimeError)   the coordinator refused a request
+    │   └── ConsumerExpired                 the consumer was silent past its timeout
     ├── CoordinatorUnavailable (ConnectionError)  the coordinator did not answer in time
     └── WorkerError (RuntimeError)          a loader worker failed, died or stopped answering
 
 Context travels as attributes: a :class:`StorageError` has the ``url`` and ``path`` of
 the file and, for a range read, its ``start`` and ``stop``; a :class:`ChecksumError`
 its ``file`` and ``block``; a :class:`WorkerError` its ``worker`` and ``pid``; a
-:class:`LeaseRejected` the gRPC ``code``.
+:class:`CoordinatorRefused` the gRPC ``code`` and the coordinator's ``reason``
+(``expired_consumer``, ``wrong_epoch``, ...; ``""`` when it gave none).
 
 Between processes (a loader's worker pipes, the node agent's answers) an error
 travels as its kind: :func:`encode` gives ``(kind, message, fields)`` and
@@ -135,20 +137,38 @@ class ProtocolError(StokerError, ConnectionError):
     """The peer sent something that is not a valid frame (:mod:`stoker.cache.wire`)."""
 
 
-class LeaseRejected(StokerError, RuntimeError):
-    """The coordinator refused a request; ``code`` is the gRPC status name."""
+class CoordinatorRefused(StokerError, RuntimeError):
+    """The coordinator refused a request: ``code`` is the gRPC status name, ``reason``
+    the coordinator's own (``expired_consumer``, ``wrong_epoch``, ``unknown_lease``,
+    ...; ``""`` for a refusal not of its lease table, such as a wrong token)."""
 
-    _fields = ("code",)
+    _fields = ("code", "reason")
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, reason: str = "") -> None:
         super().__init__(f"{message} ({code})")
         self.code = code
+        self.reason = reason
 
     @classmethod
     def _rebuilt(cls, message: str, fields: dict[str, Any]) -> StokerError:
-        exc = cls(str(fields.get("code") or ""), "")
+        exc = cls(str(fields.get("code") or ""), "", str(fields.get("reason") or ""))
         exc.args = (message,)  # the message already ends with the code
         return exc
+
+
+class ConsumerExpired(CoordinatorRefused):
+    """The consumer was silent past the coordinator's timeout: its leases went back to
+    the queue, and it must register again."""
+
+
+#: Its name before 0.2 (kept for one release).
+LeaseRejected = CoordinatorRefused
+
+
+def refused(code: str, message: str, reason: str = "") -> CoordinatorRefused:
+    """The error for a refusal with ``reason``: its own class where it has one."""
+    cls = ConsumerExpired if reason == "expired_consumer" else CoordinatorRefused
+    return cls(code, message, reason)
 
 
 class CoordinatorUnavailable(StokerError, ConnectionError):

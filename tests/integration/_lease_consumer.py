@@ -19,7 +19,6 @@ import os
 import sys
 import time
 
-from stoker._proto import coordinator_pb2 as pb
 from stoker.coordinator.client import CoordinatorClient
 
 
@@ -34,10 +33,10 @@ def main() -> int:
     step = cfg.get("step", 10)
     while True:
         r = client.lease(cid, epoch, sorted(held))
-        if r.status == pb.LeaseReply.GRANTED:
+        if r.status == "granted":
             held[r.lease] = [r.end, r.horizon, r.start]
         elif not held:
-            if r.status == pb.LeaseReply.DONE:
+            if r.status == "done":
                 break
             time.sleep(0.02)  # WAIT: nothing free right now; the protocol says ask again
             client.heartbeat(cid, epoch)

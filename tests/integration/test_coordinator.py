@@ -13,7 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from stoker.coordinator.client import CoordinatorClient, LeaseRejected
+from stoker.coordinator.client import ConfirmCall, CoordinatorClient, LeaseRejected
+from stoker.errors import ConsumerExpired, CoordinatorRefused
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from servers import free_port
@@ -159,10 +160,11 @@ def test_refusals_name_the_reason(tmp_path: Path, coordinators: Coordinators) ->
     cid, epoch = client.register(0, 0)
     with pytest.raises(LeaseRejected, match=r"epoch 7.*coordinator is in 0") as err:
         client.lease(cid, 7, [])
-    assert err.value.code == "FAILED_PRECONDITION"
+    assert err.value.code == "FAILED_PRECONDITION" and err.value.reason == "wrong_epoch"
+    assert not isinstance(err.value, ConsumerExpired)
     with pytest.raises(LeaseRejected, match="never registered") as err:
         client.lease(12345, epoch, [])
-    assert err.value.code == "NOT_FOUND"
+    assert err.value.code == "NOT_FOUND" and err.value.reason == "unknown_consumer"
     with pytest.raises(LeaseRejected, match="outside the job's world"):
         client.register(5, 0)
     r = client.lease(cid, epoch, [])
@@ -171,6 +173,9 @@ def test_refusals_name_the_reason(tmp_path: Path, coordinators: Coordinators) ->
     assert err.value.code == "INVALID_ARGUMENT"
     with pytest.raises(LeaseRejected, match="not held"):
         client.confirm(cid, epoch, r.lease + 99, 1)
+    # in a Batch, each refusal carries its reason too
+    [answer] = client.confirm_batches([ConfirmCall(cid, 7, 0, [(r.lease, r.start + 1, 1)], 1)])
+    assert isinstance(answer, CoordinatorRefused) and answer.reason == "wrong_epoch"
     # the table is intact: the lease is still usable
     client.heartbeat(cid, epoch, r.lease, r.horizon)
     client.confirm(cid, epoch, r.lease, r.horizon)
@@ -274,6 +279,9 @@ def test_a_consumer_silent_past_the_timeout_registers_again_and_loses_nothing(
     while client.status().live_consumers and time.monotonic() < deadline:
         time.sleep(0.05)  # silence: the coordinator's expiry thread has to notice
     assert client.status().live_consumers == 0 and client.status().requeued > 0
+    with pytest.raises(ConsumerExpired) as err:  # the refusal has a class of its own
+        client.heartbeat(first_id, stream.epoch)
+    assert err.value.reason == "expired_consumer" and err.value.code == "FAILED_PRECONDITION"
     for positions, segments in batches:
         confirm(positions, segments)
     assert stream.reregistered == 1 and stream.consumer != first_id

@@ -17,8 +17,8 @@ from stoker.storage import RetryPolicy, Storage
 
 def _classes() -> dict[str, type[errors.StokerError]]:
     return {
-        name: cls
-        for name, cls in vars(errors).items()
+        cls.__name__: cls  # by the class's own name: an old name kept as an alias is no class
+        for cls in vars(errors).values()
         if inspect.isclass(cls)
         and issubclass(cls, errors.StokerError)
         and cls.__module__ == errors.__name__

@@ -242,12 +242,14 @@ class Call(_message.Message):
     def __init__(self, lease: _Optional[_Union[LeaseRequest, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatRequest, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmRequest, _Mapping]] = ..., confirm_batch: _Optional[_Union[ConfirmBatchRequest, _Mapping]] = ...) -> None: ...
 
 class CallError(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "reason")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
     __slots__ = ("lease", "heartbeat", "confirm", "confirm_batch", "error")

@@ -7,7 +7,11 @@ retried with exponential backoff for up to
 ``retry_for`` seconds, which rides out a coordinator restart; every call is
 safe to repeat (see :mod:`stoker.coordinator.leases`). A refusal (expired
 consumer, unknown lease, wrong epoch, a wrong token, ...) raises
-:class:`LeaseRejected` with the coordinator's reason.
+:class:`~stoker.errors.CoordinatorRefused` with the coordinator's reason (its
+``reason`` field, from the call's trailing metadata), or the reason's own class
+(:class:`~stoker.errors.ConsumerExpired`). Answers come back as stoker's value
+types (:class:`Grant`, :class:`Status`); only :mod:`stoker.coordinator` sees
+the protobuf messages.
 
 The token: the one given, else :func:`find_token` (looked up at the first call, and
 again once when the coordinator refuses it: a restarted coordinator may have made
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +32,10 @@ import grpc
 from stoker import env
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
-from stoker.errors import ConfigError
-from stoker.errors import CoordinatorUnavailable as CoordinatorUnavailable  # imported from here too
-from stoker.errors import LeaseRejected as LeaseRejected  # re-exported too
+from stoker.errors import ConfigError, CoordinatorRefused, refused
+from stoker.errors import ConsumerExpired as ConsumerExpired  # imported from here too
+from stoker.errors import CoordinatorUnavailable as CoordinatorUnavailable
+from stoker.errors import LeaseRejected as LeaseRejected
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 ENV_TOKEN = "STOKER_COORDINATOR_TOKEN"
@@ -64,6 +70,70 @@ def answers(reply: pb.ConfirmBatchReply) -> list[bool | None]:
         pb.ConfirmBatchReply.REFUSED: None,
     }
     return [out[a] for a in reply.answers]
+
+
+def _reason(exc: grpc.RpcError) -> str:
+    """The coordinator's reason for a refusal (trailing metadata), or ``""``."""
+    try:
+        trailing = exc.trailing_metadata() or ()
+    except Exception:
+        return ""
+    for key, value in trailing:
+        if key == REASON_KEY:
+            return str(value)
+    return ""
+
+
+#: The trailing-metadata key of a refusal's reason (the service sets it).
+REASON_KEY = "stoker-reason"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A Lease call's answer: ``status`` is ``"granted"`` (lease ``lease`` over positions
+    ``[start, end)``, readable up to ``horizon``), ``"wait"`` (every position is in
+    someone's lease: ask again) or ``"done"`` (nothing left this epoch)."""
+
+    status: str
+    lease: int = 0
+    start: int = 0
+    end: int = 0
+    horizon: int = 0
+
+
+_GRANT_STATUS = {
+    pb.LeaseReply.GRANTED: "granted",
+    pb.LeaseReply.WAIT: "wait",
+    pb.LeaseReply.DONE: "done",
+}
+
+
+@dataclass(frozen=True)
+class Status:
+    """The coordinator's view of the job (a Status call)."""
+
+    epoch: int
+    world: int
+    num_samples: int
+    origin: str  # the checkpoint the current table was restored from, if any
+    stream: str
+    quota: int  # positions per rank this epoch
+    consumed: int  # positions of this epoch confirmed
+    live_consumers: int
+    steals: int
+    requeued: int
+
+
+@dataclass(frozen=True)
+class ConfirmCall:
+    """One ConfirmBatch of a rank: its ``seq``-th batch of ``epoch``, whose rows are the
+    ``(lease, upto, rows)`` segments, read by ``consumer``."""
+
+    consumer: int
+    epoch: int
+    seq: int
+    segments: list[tuple[int, int, int]]
+    batch_size: int
 
 
 class CoordinatorClient:
@@ -127,7 +197,7 @@ class CoordinatorClient:
                     exc.details() or ""
                 )
                 if code not in _RETRY and not busy:
-                    raise LeaseRejected(code.name, exc.details() or "") from None
+                    raise refused(code.name, exc.details() or "", _reason(exc)) from None
                 if time.monotonic() + delay > deadline:
                     raise CoordinatorUnavailable(
                         f"coordinator at {self.address} did not answer for {self.retry_for:.0f} s "
@@ -153,8 +223,12 @@ class CoordinatorClient:
         self.first_step = int(r.first_step)
         return int(r.consumer), int(r.epoch)
 
-    def lease(self, consumer: int, epoch: int, held: list[int]) -> pb.LeaseReply:
-        return self._call("Lease", pb.LeaseRequest(consumer=consumer, epoch=epoch, held=held))
+    def lease(self, consumer: int, epoch: int, held: list[int]) -> Grant:
+        """A lease for ``consumer`` (which holds the leases ``held``)."""
+        r = self._call("Lease", pb.LeaseRequest(consumer=consumer, epoch=epoch, held=held))
+        return Grant(
+            _GRANT_STATUS[r.status], int(r.lease), int(r.start), int(r.end), int(r.horizon)
+        )
 
     def heartbeat(
         self, consumer: int, epoch: int, lease: int = 0, read: int = 0
@@ -188,6 +262,31 @@ class CoordinatorClient:
         )
         return answers(r)
 
+    def confirm_batches(
+        self, calls: list[ConfirmCall]
+    ) -> list[list[bool | None] | CoordinatorRefused]:
+        """Many ConfirmBatch calls in one message (:meth:`batch`); per call its answers
+        (as :meth:`confirm_batch`) or the refusal."""
+        request = [
+            pb.Call(
+                confirm_batch=pb.ConfirmBatchRequest(
+                    consumer=c.consumer,
+                    epoch=c.epoch,
+                    seq=c.seq,
+                    segments=[pb.Segment(lease=a, upto=u, rows=n) for a, u, n in c.segments],
+                    batch_size=c.batch_size,
+                )
+            )
+            for c in calls
+        ]
+        out: list[list[bool | None] | CoordinatorRefused] = []
+        for r in self.batch(request):
+            if r.WhichOneof("kind") == "error":
+                out.append(refused(r.error.code, r.error.message, r.error.reason))
+            else:
+                out.append(answers(r.confirm_batch))
+        return out
+
     def batch(self, calls: list[pb.Call]) -> list[pb.Result]:
         """Many consumers' calls in one message; a result per call, in order (each an
         answer or a ``CallError``). Retried as a whole: every call is idempotent."""
@@ -210,8 +309,20 @@ class CoordinatorClient:
             ),
         )
 
-    def status(self) -> pb.StatusReply:
-        return self._call("Status", pb.StatusRequest())
+    def status(self) -> Status:
+        r = self._call("Status", pb.StatusRequest())
+        return Status(
+            epoch=int(r.epoch),
+            world=int(r.world),
+            num_samples=int(r.num_samples),
+            origin=str(r.origin),
+            stream=str(r.stream),
+            quota=int(r.quota),
+            consumed=int(r.consumed),
+            live_consumers=int(r.live_consumers),
+            steals=int(r.steals),
+            requeued=int(r.requeued),
+        )
 
     def dataset(self) -> tuple[str, bytes, bytes]:
         """``(url, manifest_json, index)``: the metadata service

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from stoker._proto import coordinator_pb2 as pb
-from stoker.coordinator.client import CoordinatorClient, LeaseRejected, answers
+from stoker.coordinator.client import ConfirmCall, CoordinatorClient
 from stoker.coordinator.holdings import local_ranges as local_ranges  # what a consumer reports
+from stoker.errors import ConsumerExpired
 
 Segments = list[tuple[int, int, int]]  # (lease, upto, rows)
 
@@ -87,9 +87,8 @@ class LeaseStream:
         queue, so it registers again, holding nothing, and carries on."""
         try:
             return fn(self.consumer, self.epoch, *args)
-        except LeaseRejected as exc:
-            if "expired" not in str(exc):
-                raise
+        except ConsumerExpired:
+            pass
         epoch = self.epoch
         self._register(epoch)
         self.reregistered += 1
@@ -120,11 +119,11 @@ class LeaseStream:
             r = self._call(self.client.lease, sorted(self._granted))
             if r is None:
                 continue  # registered again
-            if r.status == pb.LeaseReply.GRANTED:
+            if r.status == "granted":
                 self._held[int(r.lease)] = _Held(int(r.end), int(r.horizon), int(r.start))
                 self._granted.add(int(r.lease))
                 continue
-            if r.status == pb.LeaseReply.DONE:
+            if r.status == "done":
                 return None
             time.sleep(self.wait)  # WAIT: every position is in someone's lease; ask again
             self._update(self._call(self.client.heartbeat))
@@ -191,7 +190,7 @@ class Confirmer:
     def __init__(self, client: CoordinatorClient, size: int) -> None:
         self.client, self.size = client, size
         self.seq = 0
-        self._queue: deque[tuple[Future[list[bool | None]], Any]] = deque()
+        self._queue: deque[tuple[Future[list[bool | None]], ConfirmCall]] = deque()
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="stoker-confirm")
@@ -199,15 +198,7 @@ class Confirmer:
 
     def submit(self, epoch: int, consumer: int, segments: Segments) -> Future[list[bool | None]]:
         """Confirm the rank's next batch; the future gives an answer per segment."""
-        call = pb.Call(
-            confirm_batch=pb.ConfirmBatchRequest(
-                consumer=consumer,
-                epoch=epoch,
-                seq=self.seq,
-                segments=[pb.Segment(lease=a, upto=u, rows=n) for a, u, n in segments],
-                batch_size=self.size,
-            )
-        )
+        call = ConfirmCall(consumer, epoch, self.seq, segments, self.size)
         self.seq += 1
         fut: Future[list[bool | None]] = Future()
         with self._cv:
@@ -225,16 +216,16 @@ class Confirmer:
                 work = list(self._queue)
                 self._queue.clear()
             try:
-                results = self.client.batch([call for _, call in work])
+                results = self.client.confirm_batches([call for _, call in work])
             except BaseException as exc:  # the coordinator is gone: every waiter learns it
                 for fut, _ in work:
                     fut.set_exception(exc)
                 continue
             for (fut, _), r in zip(work, results, strict=True):
-                if r.WhichOneof("kind") == "error":
-                    fut.set_exception(LeaseRejected(r.error.code, r.error.message))
+                if isinstance(r, BaseException):
+                    fut.set_exception(r)
                 else:
-                    fut.set_result(answers(r.confirm_batch))
+                    fut.set_result(r)
 
     def close(self) -> None:
         with self._cv:

@@ -30,13 +30,14 @@ import secrets
 import threading
 import time
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from stoker import intervals, plan
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
+from stoker.coordinator.client import REASON_KEY
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
 from stoker.coordinator.limits import (
@@ -62,6 +63,13 @@ _CODES = {
     "not_ready": grpc.StatusCode.FAILED_PRECONDITION,
     "bad_consumer": grpc.StatusCode.INTERNAL,
 }
+
+
+def _refuse(context: grpc.ServicerContext, exc: LeaseError) -> NoReturn:
+    """End the call with the refusal's gRPC status, its reason in the trailing metadata."""
+    context.set_trailing_metadata(((REASON_KEY, exc.code),))
+    context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+    raise AssertionError("grpc's abort() returned")  # it raises
 
 
 def is_loopback(bind: str) -> bool:
@@ -260,7 +268,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                     out = fn()
                 except LeaseError as exc:
                     self._flush()
-                    context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+                    _refuse(context, exc)
                 mine = self._flush()
                 self._advance()
             if durable:
@@ -393,7 +401,8 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                     durable |= kind in ("lease", "heartbeat", "confirm", "confirm_batch")
                 except LeaseError as exc:
                     code = _CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT).name
-                    results.append(pb.Result(error=pb.CallError(code=code, message=str(exc))))
+                    error = pb.CallError(code=code, message=str(exc), reason=exc.code)
+                    results.append(pb.Result(error=error))
                 self._flush()
                 self._advance()
             mine = self._flush()
@@ -416,7 +425,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                     return pb.CheckpointReply(snapshot_json=text, name=name)
                 snapshot = table.snapshot_at(request.batches)
             except LeaseError as exc:
-                context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
+                _refuse(context, exc)
         text = json.dumps(snapshot, separators=(",", ":"), sort_keys=True)
         name = f"epoch{snapshot['epoch']}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         self.journal.write_checkpoint(name, snapshot)
