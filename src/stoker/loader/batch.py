@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 SAMPLE_ID = "sample_id"
@@ -38,6 +39,7 @@ class Layout(Mapping[str, Field]):
 
     def __init__(self, fields: Mapping[str, Field]) -> None:
         self._fields = {**dict(fields), SAMPLE_ID: Field(torch.int64)}
+        self._np = {k: torch.empty(0, dtype=f.dtype).numpy().dtype for k, f in self._fields.items()}
 
     def __getitem__(self, name: str) -> Field:
         return self._fields[name]
@@ -72,9 +74,10 @@ class Layout(Mapping[str, Field]):
             total += n * torch.empty((), dtype=f.dtype).element_size()
         return total
 
-    def allocate(self, rows: int) -> dict[str, torch.Tensor]:
-        """Fresh (uninitialised) arrays for ``rows`` rows."""
-        return {k: torch.empty((rows, *f.shape), dtype=f.dtype) for k, f in self._fields.items()}
+    def allocate(self, rows: int) -> dict[str, np.ndarray]:
+        """Fresh (uninitialised) arrays for ``rows`` rows, as numpy arrays (numpy's
+        allocation costs a fraction of torch's; ``torch.from_numpy`` shares them)."""
+        return {k: np.empty((rows, *f.shape), dtype=self._np[k]) for k, f in self._fields.items()}
 
 
 class Slots:
@@ -88,9 +91,15 @@ class Slots:
             for k, f in layout.items()
         }
 
+        self._numpy = {k: a.numpy() for k, a in self.arrays.items()}
+
     def view(self, slot: int, n: int) -> dict[str, torch.Tensor]:
         """The first ``n`` rows of slot ``slot``."""
         return {k: a[slot, :n] for k, a in self.arrays.items()}
+
+    def numpy_view(self, slot: int, n: int) -> dict[str, np.ndarray]:
+        """The same rows as numpy arrays (what a reader fills)."""
+        return {k: a[slot, :n] for k, a in self._numpy.items()}
 
     def tensors(self) -> list[torch.Tensor]:
         return list(self.arrays.values())

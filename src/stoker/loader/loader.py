@@ -1,14 +1,12 @@
-"""``TokenLoader``: batches from worker processes through shared memory.
+"""``TokenLoader``: a rank's batches, from the one worker pool (:mod:`stoker.loader.pool`).
 
-torch's DataLoader moves every batch from a worker as a pickled message and a
-freshly allocated shared-memory segment; that costs about the same for a tiny
-batch as for a big one and caps a loader at a few thousand batches a second.
-TokenLoader gives each worker a ring of batch slots in shared memory,
-allocated once. A worker writes a batch straight into a free slot (decoded
-tokens gathered from its block arena, widened to int64 there) and sends only
-the slot number; the main process copies the batch out (or, with
-``zero_copy=True``, hands out views that stay valid until the next batch is
-requested) and returns the slot.
+The loader is the small part on top of the pool. For the static plan it hands
+out the pool's batches in order (round robin over the workers), counting each
+as consumed when the caller takes it, and copies it out of its shared-memory
+slot (or, with ``zero_copy=True``, hands out views that stay valid until the
+next batch is requested) before the slot goes back. Fed by a coordinator, it
+runs :class:`~stoker.loader.coordinated.CoordinatedEpoch` over the same pool:
+confirms, holding back and re-cutting short batches.
 
 With ``device=...`` the loader feeds its own device tier and *lends* the slots
 instead (:mod:`stoker.pinned`): they hold tokens in the dtype they cross the
@@ -37,8 +35,8 @@ import torch
 from stoker.errors import ConfigError, StateError, StokerError, WorkerError
 from stoker.loader import state as st
 from stoker.loader.batch import SAMPLE_ID
-from stoker.loader.dataset import TokenDataset
 from stoker.loader.distributed import Placement
+from stoker.loader.planned import PlannedDataset
 from stoker.loader.pool import WorkerPool
 from stoker.metrics import serve_once, timed
 from stoker.metrics_export import rank_stats
@@ -59,6 +57,9 @@ Snapshot = Callable[[], dict[str, Any]]
 
 class TokenLoader:
     """Batches of a :class:`TokenDataset` (its ``batch_size``), loaded by ``num_workers`` processes.
+
+    Any :class:`~stoker.loader.planned.PlannedDataset` loads the same way: the batch
+    holds what its reader's layout says (for tokens, as below).
 
     Each batch is a dict: ``tokens`` (B, seq_len + 1) int64, ``sample_id``
     (B,) int64 and ``doc_start_mask`` (B, seq_len + 1) bool. The last batch of
@@ -93,7 +94,7 @@ class TokenLoader:
 
     def __init__(
         self,
-        dataset: TokenDataset,
+        dataset: PlannedDataset,
         num_workers: int = 0,
         *,
         prefetch: int = 4,

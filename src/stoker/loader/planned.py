@@ -322,7 +322,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
             if arrays is None:
                 continue  # Began
             ids = arrays[SAMPLE_ID].tolist()
-            rest = [(k, v) for k, v in arrays.items() if k != SAMPLE_ID]
+            rest = [(k, torch.from_numpy(v)) for k, v in arrays.items() if k != SAMPLE_ID]
             for i, sid in enumerate(ids):
                 item: dict[str, Any] = {k: v[i] for k, v in rest}
                 item[SAMPLE_ID] = sid

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from stoker import errors
@@ -107,9 +108,9 @@ def _worker_main(
     torch.set_num_threads(1)
     meter = WorkerMeter()
 
-    def take(rows: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+    def take(rows: int) -> tuple[int, dict[str, np.ndarray]] | None:
         slot = conn.recv()
-        return None if slot is None else (slot, slots.view(slot, rows))
+        return None if slot is None else (slot, slots.numpy_view(slot, rows))
 
     try:
         for event in produce(spec, worker, take):
@@ -234,7 +235,8 @@ class WorkerPool:
                 self.began[0] = event
             else:
                 assert event.arrays is not None
-                yield Got(0, -1, event.arrays, event.segments)
+                arrays = {k: torch.from_numpy(v) for k, v in event.arrays.items()}
+                yield Got(0, -1, arrays, event.segments)
 
     def _receive(self, ws: list[int], waited: dict[int, float]) -> tuple[int, Any]:
         """The next message of one of workers ``ws``; a :class:`WorkerError` naming the
