@@ -20,7 +20,8 @@ import pytest
 
 import stoker
 from stoker.cache.agent import remove_tree
-from stoker.cache.client import AgentClient, map_block
+from stoker.cache.client import AgentClient
+from stoker.cache.layout import map_block
 from stoker.cache.paths import AgentPaths
 
 from .helpers import Written, assert_exactly_once, check_samples, unbatch, write_dataset

@@ -9,6 +9,7 @@ and S3 backends talk to real servers on loopback (nginx, moto).
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,24 @@ class TestLocalPath(_BackendConformance):
     @pytest.fixture
     def backend(self, written: Written) -> Backend:
         return str(written.path), {}
+
+    def test_list_names_a_directory(self, written: Written) -> None:
+        storage = Storage(str(written.path))
+        files = sorted({f.path.rsplit("/", 1)[1] for f in written.manifest.files})
+        assert storage.list("data") == files
+        assert storage.list("no-such-dir") == []
+
+    def test_append_is_durable_and_continues_the_file(self, tmp_path: Path) -> None:
+        storage = Storage(str(tmp_path / "state"))
+        assert storage.appends
+        storage.append("journal/job/1.jsonl", b"one\n")
+        storage.append("journal/job/1.jsonl", b"two\n")
+        assert storage.read("journal/job/1.jsonl") == b"one\ntwo\n"  # seen before closing
+        storage.close_append("journal/job/1.jsonl")
+        storage.append("journal/job/1.jsonl", b"three\n")  # reopened: appended, not replaced
+        storage.close_append("journal/job/1.jsonl")
+        assert storage.read("journal/job/1.jsonl") == b"one\ntwo\nthree\n"
+        assert storage.list("journal/job") == ["1.jsonl"]
 
 
 class TestRelativeLocalPath(_BackendConformance):
@@ -255,6 +274,17 @@ class TestS3(_BackendConformance):
     @pytest.fixture
     def backend(self, s3_server, s3_url: str) -> Backend:
         return s3_url, s3_server.storage_options()
+
+    def test_list_names_a_prefix_and_append_is_refused(
+        self, s3_server, s3_url: str, written: Written
+    ) -> None:
+        storage = Storage(s3_url, s3_server.storage_options())
+        files = sorted({f.path.rsplit("/", 1)[1] for f in written.manifest.files})
+        assert storage.list("data") == files
+        assert storage.list("no-such-prefix") == []
+        assert not storage.appends
+        with pytest.raises(stoker.ConfigError, match="cannot append"):
+            storage.append("journal/x.jsonl", b"x")
 
     def test_blocks_are_ranged_gets(self, s3_server, s3_url: str, written: Written) -> None:
         opts = s3_server.storage_options()

@@ -40,3 +40,14 @@ def test_only_the_coordinator_and_the_agent_import_the_generated_protobuf_module
 
 def test_the_scan_sees_an_import_of_the_generated_modules() -> None:
     assert "stoker._proto.coordinator_pb2" in _imports(SRC / "coordinator" / "client.py")
+
+
+def test_formats_import_neither_the_cache_nor_the_loader() -> None:
+    """The block-cache protocol lives with the formats (stoker.formats.cache): the cache
+    package depends on the formats, not the other way round."""
+    offenders = {}
+    for path in sorted((SRC / "formats").rglob("*.py")):
+        bad = {n for n in _imports(path) if n.startswith(("stoker.cache", "stoker.loader"))}
+        if bad:
+            offenders[path.name] = sorted(bad)
+    assert offenders == {}

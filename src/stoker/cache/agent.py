@@ -35,11 +35,12 @@ from typing import Any
 from stoker import errors
 from stoker._proto import agent_pb2 as pb
 from stoker.cache import wire
+from stoker.cache.layout import decoded_size, write_decoded
 from stoker.cache.metrics import LATENCY_BUCKETS, AgentCollector, Counters
 from stoker.cache.paths import AgentPaths
 from stoker.cache.remote import RateLimiter, RemoteStorage
 from stoker.cache.table import TierTable
-from stoker.cache.tiers import DiskTier, Key, decoded_size, write_decoded
+from stoker.cache.tiers import DiskTier, Key
 from stoker.errors import AgentError, AgentRunningError, ConfigError, StokerError
 from stoker.formats.tokens import TokenSource
 from stoker.units import parse_size

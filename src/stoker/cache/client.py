@@ -23,7 +23,6 @@ and requests go to the agent again. :meth:`AgentClient.stats` has nothing to fal
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import select
 import socket
@@ -32,10 +31,7 @@ import sys
 import threading
 import time
 import warnings
-from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from stoker import errors
 from stoker._proto import agent_pb2 as pb
@@ -415,16 +411,3 @@ class AgentClient:
     def stats(self) -> dict[str, Any]:
         """The agent's counters and gauges."""
         return dict(json.loads(self._call(pb.Request(stats=pb.StatsRequest())).stats.json))
-
-
-def map_block(path: str | Path, tokens: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Read-only views of a decoded block file: its tokens and its document-start flags."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    flags_at = -(-tokens * dtype.itemsize // 8) * 8
-    toks = np.frombuffer(mm, dtype=dtype, count=tokens)
-    flags = np.frombuffer(mm, dtype=np.bool_, count=tokens, offset=flags_at)
-    return toks, flags

@@ -9,11 +9,6 @@ from typing import Any
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-def decoded_size(tokens: int, itemsize: int) -> int:
-    """Bytes of a decoded block file: tokens padded to 8 bytes, then one flag byte per token."""
-    return -(-tokens * itemsize // 8) * 8 + tokens
-
-
 class Counters:
     """The agent's counters and the remote-latency histogram (thread-safe)."""
 

@@ -1,4 +1,4 @@
-"""The node agent's disk tier, and the file layout of a decoded block in the memory tier."""
+"""The node agent's disk tier (the decoded-block file is :mod:`stoker.cache.layout`'s)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import logging
 import os
 import threading
 import warnings
-from pathlib import Path
-
-import numpy as np
 
 from stoker.cache.metrics import Counters
 from stoker.cache.paths import AgentPaths
@@ -17,37 +14,6 @@ from stoker.cache.table import TierTable
 log = logging.getLogger("stoker.agent")
 
 Key = tuple[str, int]
-
-
-def write_decoded(path: Path, toks: np.ndarray, starts: np.ndarray) -> None:
-    """Write a decoded block file (tokens, padding to 8 bytes, flags) aside, then rename it.
-
-    Raises OSError (ENOSPC when the filesystem is full) and leaves nothing behind.
-    """
-    n = len(toks)
-    flags = np.zeros(n, dtype=np.uint8)
-    flags[starts] = 1
-    pad = decoded_size(n, toks.dtype.itemsize) - n - n * toks.dtype.itemsize
-    data = memoryview(
-        b"".join([np.ascontiguousarray(toks).tobytes(), b"\0" * pad, flags.tobytes()])
-    )
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            while data:
-                data = data[os.write(fd, data) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def decoded_size(tokens: int, itemsize: int) -> int:
-    """Bytes of a decoded block file: tokens padded to 8 bytes, then one flag byte per token."""
-    return -(-tokens * itemsize // 8) * 8 + tokens
 
 
 class DiskTier:

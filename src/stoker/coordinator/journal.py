@@ -14,10 +14,9 @@ damaged) stops the replay with an error naming it; nothing is skipped silently.
 from __future__ import annotations
 
 import json
-import os
-from typing import IO, Any
+from typing import Any
 
-from stoker.errors import StateError
+from stoker.errors import ConfigError, StateError
 from stoker.storage import Storage
 
 HEADER = "stoker-journal 1"
@@ -28,22 +27,16 @@ class Journal:
 
     def __init__(self, url: str, job: str, storage_options: dict[str, Any] | None = None) -> None:
         if not job or "/" in job:
-            raise ValueError(f"job name must be non-empty without '/', got {job!r}")
+            raise ConfigError(f"job name must be non-empty without '/', got {job!r}")
         self.storage = Storage(url, storage_options)
         self.job = job
         self.prefix = f"journal/{job}"
         self._seq = self._last_seq() + 1
-        self._file: IO[bytes] | None = None  # the local segment being appended to
+        self._open: str | None = None  # the local segment being appended to
 
     def _segments(self) -> list[tuple[int, str]]:
-        fs, full = self.storage.fs, self.storage.full(self.prefix)
-        try:
-            names = fs.ls(full, detail=False)
-        except FileNotFoundError:
-            return []
         out = []
-        for name in names:
-            base = str(name).rstrip("/").rsplit("/", 1)[-1]
+        for base in self.storage.list(self.prefix):
             if base.endswith(".jsonl") and base[:-6].isdigit():
                 out.append((int(base[:-6]), f"{self.prefix}/{base}"))
         return sorted(out)
@@ -58,24 +51,20 @@ class Journal:
             return self._seq - 1
         lines = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
         path = f"{self.prefix}/{self._seq:012d}.jsonl"
-        if self.storage.protocol != "file":
+        if not self.storage.appends:  # an object store: a whole segment per append
             self.storage.write_atomic(path, (HEADER + "\n" + lines).encode())
             self._seq += 1
             return self._seq - 1
-        if self._file is None:
-            full = self.storage.full(path)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            self._file = open(full, "ab")  # noqa: SIM115 - kept open across appends
-            self._file.write((HEADER + "\n").encode())
-        self._file.write(lines.encode())
-        self._file.flush()
-        os.fdatasync(self._file.fileno())  # the data and the size it needs to be read
+        if self._open is None:
+            self._open = path
+            lines = HEADER + "\n" + lines
+        self.storage.append(path, lines.encode())
         return self._seq
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._open is not None:
+            self.storage.close_append(self._open)
+            self._open = None
             self._seq += 1
 
     def read(self) -> list[dict[str, Any]]:

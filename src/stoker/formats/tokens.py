@@ -13,8 +13,8 @@ from typing import Any, Protocol
 import numpy as np
 import zstandard
 
-from stoker.cache import BlockCache, NullCache
 from stoker.errors import ChecksumError, ManifestError
+from stoker.formats.cache import BlockCache, NullCache
 from stoker.formats.codec import BlockCodec, checksum
 from stoker.manifest import MANIFEST_NAME, Manifest, parse_index
 from stoker.storage import RetryPolicy, Storage

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,6 +74,7 @@ class BlockArena:
         self._loading: dict[int, Future[int]] = {}
         self._next_use: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self.hits = self.loads = self.evictions = 0
 
     def _claim(self, keep: set[int], before: int = -1) -> int | None:
@@ -116,7 +118,7 @@ class BlockArena:
             if self.agent is not None:
                 got = self.agent.get(self.dataset_id, block)
                 if got.pinned:
-                    from stoker.cache.client import map_block
+                    from stoker.cache.layout import map_block
 
                     view = map_block(got.path, int(got.tokens), self.tokens.dtype)
                     pinned = True
@@ -159,7 +161,7 @@ class BlockArena:
         self._next_use = dict(zip(order.tolist(), next_use.tolist()))
         if self.agent is not None:
             self.agent.plan(self.dataset_id, order[: 4 * self.slots].tolist())
-        pool = self.source.storage.pool
+        pool = self._decoders()
         started = 0
         for b, use in zip(order.tolist(), next_use.tolist()):
             if started >= ahead:
@@ -173,6 +175,16 @@ class BlockArena:
             with self._lock:
                 self._loading[b] = pool.submit(self._load_ahead, b, slot)
             started += 1
+
+    def _decoders(self) -> ThreadPoolExecutor:
+        """This arena's threads that read and decode blocks ahead of use (as many as its
+        storage allows reads in flight), started on first use, stopped by :meth:`close`."""
+        if self._pool is None:
+            n = self.source.storage.max_inflight
+            self._pool = ThreadPoolExecutor(n, thread_name_prefix="stoker-io")
+            METRICS.threads_opened(n)
+            weakref.finalize(self._pool, METRICS.threads_closed, n)
+        return self._pool
 
     def require(self, blocks: np.ndarray) -> np.ndarray:
         """Slots of ``blocks`` (unique), loading what is missing."""
@@ -265,6 +277,9 @@ class BlockArena:
                 except BaseException:
                     pass
         self._loading.clear()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # idle now: its threads end
         with self._lock:
             pinned = sorted(self._pinned)
             self._pinned.clear()

@@ -30,17 +30,16 @@ import socket
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from stoker._httpfs import HTTPFS, DeadlineExceeded
-from stoker._localfs import LocalFS
 from stoker.errors import ConfigError, StokerError, StorageError, UnreachableError
 from stoker.metrics import METRICS
+from stoker.storage._backend import Backend
+from stoker.storage._http import HTTPFS, DeadlineExceeded
+from stoker.storage._local import LocalFS
 
 T = TypeVar("T")
 
@@ -200,13 +199,13 @@ class Storage:
         self.stats = StorageStats()
         self._pid: int | None = None
         self._fs: Any = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._appending: dict[str, int] = {}  # local files being appended to: descriptors
         self._lock = threading.Lock()
 
     # -- per-process clients --------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=None, _fs=None, _pool=None, _lock=None, stats=None)
+        state.update(_pid=None, _fs=None, _appending={}, _lock=None, stats=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -218,12 +217,12 @@ class Storage:
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._fs = None
-            self._pool = None
+            self._appending = {}  # the parent's descriptors are not this process's to use
             self._lock = threading.Lock()
             self.stats = StorageStats()
 
     @property
-    def fs(self) -> Any:
+    def fs(self) -> Backend:
         """The filesystem (an fsspec one, or stoker's LocalFS for local paths)."""
         self._check_pid()
         if self._fs is None:
@@ -248,19 +247,6 @@ class Storage:
                         fs.retries = 1  # stoker retries (with backoff) itself
                     self._fs = fs
         return self._fs
-
-    @property
-    def pool(self) -> ThreadPoolExecutor:
-        self._check_pid()
-        if self._pool is None:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(
-                        self.max_inflight, thread_name_prefix="stoker-io"
-                    )
-                    METRICS.threads_opened(self.max_inflight)
-                    weakref.finalize(self._pool, METRICS.threads_closed, self.max_inflight)
-        return self._pool
 
     def _options(self) -> dict[str, Any]:
         opts = dict(self.storage_options)
@@ -295,7 +281,7 @@ class Storage:
     # -- calls ---------------------------------------------------------------
     def _call(self, name: str, deadline: float, *args: Any, **kwargs: Any) -> Any:
         """``fs.<name>(*args, **kwargs)``, cut off at ``deadline`` where the filesystem allows."""
-        fs = self.fs
+        fs: Any = self.fs  # fsspec's async filesystems have more than the Backend protocol
         if isinstance(fs, HTTPFS):
             return getattr(fs, name)(*args, deadline=deadline, **kwargs)
         if getattr(fs, "async_impl", False) and hasattr(fs, f"_{name}"):
@@ -459,6 +445,50 @@ class Storage:
             os.replace(tmp, full)
             return
         self._with_retries(path, lambda d: self._call("pipe_file", d, full, data))
+
+    def list(self, path: str) -> list[str]:
+        """The names of the entries of directory ``path`` (``[]`` when it does not exist),
+        sorted; with retries."""
+        full = self.full(path)
+
+        def names(deadline: float) -> list[str]:
+            try:
+                entries = self._call("ls", deadline, full, detail=False)
+            except FileNotFoundError:
+                return []
+            return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+        return list(self._with_retries(path, names))
+
+    @property
+    def appends(self) -> bool:
+        """Whether :meth:`append` works here (local files; object stores cannot append)."""
+        return self.protocol == "file"
+
+    def append(self, path: str, data: bytes) -> None:
+        """Append ``data`` to a local file durably (``fdatasync`` before it returns); the
+        file and its directories are made on the first append. The descriptor stays
+        open until :meth:`close_append`."""
+        if not self.appends:
+            raise ConfigError(f"{self.url}: {self.protocol}:// storage cannot append to a file")
+        self._check_pid()
+        full = self.full(path)
+        fd = self._appending.get(full)
+        if fd is None:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            fd = self._appending[full] = os.open(
+                full, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+            )
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fdatasync(fd)  # the data and the size it needs to be read
+
+    def close_append(self, path: str) -> None:
+        """Close the descriptor :meth:`append` kept for ``path``."""
+        fd = self._appending.pop(self.full(path), None)
+        if fd is not None and self._pid == os.getpid():
+            os.close(fd)
 
     def remove(self, path: str) -> None:
         try:
