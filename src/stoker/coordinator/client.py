@@ -124,7 +124,7 @@ class Status:
     requeued: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ConfirmCall:
     """One ConfirmBatch of a rank: its ``seq``-th batch of ``epoch``, whose rows are the
     ``(lease, upto, rows)`` segments, read by ``consumer``."""

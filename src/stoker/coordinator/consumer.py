@@ -15,7 +15,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,53 +181,103 @@ def confirm_window(prefetch: int, batch_bytes: int) -> int:
     return max(prefetch, 4, min(CONFIRM_WINDOW, CONFIRM_BYTES // max(1, batch_bytes)))
 
 
+#: A confirm message waits up to this long for more batches to carry while the rank
+#: is not waiting for an answer (fewer, larger messages: the coordinator's cost is per
+#: message more than per batch).
+GATHER_SECONDS = 0.005
+
+
 class Confirmer:
     """Confirms a rank's batches in order on a thread of its own, as many per message as
     are waiting (``Batch`` of ``ConfirmBatch`` calls), so the coordinator's round trip
-    and journal write overlap the reading of the next batches and the training step."""
+    and journal write overlap the reading of the next batches and the training step.
 
-    def __init__(self, client: CoordinatorClient, size: int) -> None:
-        self.client, self.size = client, size
+    Answers come back in the order of :meth:`submit`: :meth:`answered` counts those
+    not yet taken, :meth:`take` gives the next (waiting for it if need be). While
+    nobody waits for an answer, the thread gathers a message for up to
+    :data:`GATHER_SECONDS` or ``gather`` batches.
+    """
+
+    def __init__(self, client: CoordinatorClient, size: int, gather: int = 48) -> None:
+        self.client, self.size, self.gather = client, size, gather
         self.seq = 0
-        self._queue: deque[tuple[Future[list[bool | None]], ConfirmCall]] = deque()
+        self._queue: deque[ConfirmCall] = deque()
+        self._answers: deque[list[bool | None] | BaseException] = deque()
         self._cv = threading.Condition()
+        self._idle = False  # the thread waits for work
+        self._urgent = False  # the rank waits for an answer
         self._closed = False
         self._thread = threading.Thread(target=self._run, daemon=True, name="stoker-confirm")
         self._thread.start()
 
-    def submit(self, epoch: int, consumer: int, segments: Segments) -> Future[list[bool | None]]:
-        """Confirm the rank's next batch; the future gives an answer per segment."""
-        call = ConfirmCall(consumer, epoch, self.seq, segments, self.size)
+    def submit(self, epoch: int, consumer: int, segments: Segments) -> None:
+        """Confirm the rank's next batch."""
+        self._queue.append(ConfirmCall(consumer, epoch, self.seq, segments, self.size))
         self.seq += 1
-        fut: Future[list[bool | None]] = Future()
+        if self._idle:
+            with self._cv:
+                self._cv.notify_all()
+
+    def answered(self) -> int:
+        """Answers ready to :meth:`take`."""
+        return len(self._answers)
+
+    def take(self) -> list[bool | None]:
+        """The next batch's answer per segment (True: lease complete, False: confirmed,
+        None: refused); raises what its confirm raised."""
+        if not self._answers:
+            with self._cv:
+                self._urgent = True
+                self._cv.notify_all()
+                while not self._answers:
+                    if not self._thread.is_alive():
+                        raise RuntimeError("the confirm thread ended")
+                    self._cv.wait(0.1)
+                self._urgent = False
+        answer = self._answers.popleft()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def _work(self) -> list[ConfirmCall] | None:
+        """The next message's calls (None once closed and drained)."""
         with self._cv:
-            self._queue.append((fut, call))
-            self._cv.notify()
-        return fut
+            self._idle = True
+            while not self._queue and not self._closed:
+                self._cv.wait(0.05)
+            deadline = time.monotonic() + GATHER_SECONDS
+            while (
+                len(self._queue) < self.gather
+                and not self._urgent
+                and not self._closed
+                and time.monotonic() < deadline
+            ):
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
+            self._idle = False
+        if not self._queue:
+            return None
+        work = []
+        while self._queue:
+            work.append(self._queue.popleft())
+        return work
 
     def _run(self) -> None:
         while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                work = list(self._queue)
-                self._queue.clear()
+            work = self._work()
+            if work is None:
+                return
             try:
-                results = self.client.confirm_batches([call for _, call in work])
+                results: list[list[bool | None] | BaseException] = list(
+                    self.client.confirm_batches(work)
+                )
             except BaseException as exc:  # the coordinator is gone: every waiter learns it
-                for fut, _ in work:
-                    fut.set_exception(exc)
-                continue
-            for (fut, _), r in zip(work, results, strict=True):
-                if isinstance(r, BaseException):
-                    fut.set_exception(r)
-                else:
-                    fut.set_result(r)
+                results = [exc] * len(work)
+            with self._cv:
+                self._answers.extend(results)
+                self._cv.notify_all()
 
     def close(self) -> None:
         with self._cv:
             self._closed = True
-            self._cv.notify()
+            self._cv.notify_all()
         self._thread.join()

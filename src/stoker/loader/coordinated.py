@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -72,6 +71,8 @@ class CoordinatedEpoch:
 
     def _keep(self, batch: Batch, segments: Segments, answers: list[bool | None]) -> Batch:
         """The rows of ``batch`` whose segments the coordinator accepted."""
+        if None not in answers:  # all accepted: the common case
+            return batch
         keep = np.ones(len(batch["sample_id"]), dtype=bool)
         row = 0
         for (_, _, rows), answer in zip(segments, answers, strict=True):
@@ -89,13 +90,13 @@ class CoordinatedEpoch:
         they come, the short ones' rows re-cut at the end."""
         B = self.ds.batch_size
         held: list[Batch] = []
-        pending: deque[tuple[Batch, Segments, Future[list[bool | None]]]] = deque()
-        confirmer = Confirmer(self.client, B)
+        pending: deque[tuple[Batch, Segments]] = deque()  # handed to the confirmer, in order
         window = confirm_window(self.prefetch, B * self.ds.layout.row_bytes())
+        confirmer = Confirmer(self.client, B, gather=max(1, window // 2))
 
         def hand_out() -> Iterator[Batch]:
-            batch, segments, answer = pending.popleft()
-            out = self._keep(batch, segments, answer.result())
+            batch, segments = pending.popleft()
+            out = self._keep(batch, segments, confirmer.take())
             if len(out["sample_id"]) == B:
                 self.delivered += B
                 self.batches += 1
@@ -106,9 +107,10 @@ class CoordinatedEpoch:
         try:
             for consumer, batch, segments in self._produce():
                 assert self.epoch is not None
-                pending.append((batch, segments, confirmer.submit(self.epoch, consumer, segments)))
+                confirmer.submit(self.epoch, consumer, segments)
+                pending.append((batch, segments))
                 # hand out what is confirmed; wait for a confirm only with `window` queued
-                while pending and (pending[0][2].done() or len(pending) > window):
+                while pending and (confirmer.answered() or len(pending) > window):
                     if self.ready is not None:
                         self.ready(len(pending) - 1)
                     yield from hand_out()
