@@ -26,7 +26,7 @@ from stoker.errors import (
 from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
 from stoker.formats.tokens import TokenSource
 from stoker.manifest import Manifest
-from stoker.metered import Metered
+from stoker.observe.metered import Metered
 from stoker.storage import RetryPolicy, Storage
 
 if TYPE_CHECKING:

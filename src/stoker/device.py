@@ -69,7 +69,7 @@ import torch
 
 from stoker import env
 from stoker.errors import ConfigError, StokerError
-from stoker.metrics import METRICS, LoaderStats
+from stoker.observe.registry import LoaderStats, registry
 from stoker.pinned import Event, Loan, PinnedPool
 
 Batch = dict[str, Any]
@@ -540,7 +540,7 @@ class DevicePrefetcher:
     loader's pass and frees the staging buffers.
 
     :meth:`stats` gives the wait as training sees it. It is not exported to
-    Prometheus: the loader's own figures (``METRICS.loader``) are then taken at
+    Prometheus: the loader's own figures (``registry().loader``) are then taken at
     the prefetch thread, where a wait means the loader itself does not keep
     up, and exporting both would count every batch twice.
     """
@@ -578,7 +578,7 @@ class DevicePrefetcher:
         self._state: Snapshot | None = None  # as of the last batch handed out, while it differs
         self._suspended: _Run | None = None  # a broken-off pass to continue
         self._stats = LoaderStats(rank=-1)
-        self._exported = METRICS.device(knows.rank if knows is not None else 0)
+        self._exported = registry().device(knows.rank if knows is not None else 0)
         self._movers: list[Mover] = []
 
     def __len__(self) -> int:
@@ -637,7 +637,7 @@ class DevicePrefetcher:
                     None if handed is None else asked - handed,
                 )
                 stats.handed(*figures)
-                with METRICS.lock:
+                with registry().lock:
                     self._exported.handed(*figures)
                 handed = got
                 try:

@@ -64,9 +64,13 @@ def main() -> int:
         agent.terminate()
         agent.wait(60)
     # the other entry points of the core package import without any extra
-    for module in ("stoker.coordinator.service", "stoker.coordinator.client", "stoker.doctor"):
+    for module in (
+        "stoker.coordinator.service",
+        "stoker.coordinator.client",
+        "stoker.observe.doctor",
+    ):
         importlib.import_module(module)
-    importlib.import_module("stoker.top")
+    importlib.import_module("stoker.observe.top")
 
     try:
         stoker.TokenDataset(cfg["s3_url"], cfg["seq_len"], agent=False)

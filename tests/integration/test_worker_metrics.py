@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch.utils.data import DataLoader
 
 from stoker import Metered, TokenDataset
-from stoker.metrics import serve
-from stoker.metrics_export import export_dir
+from stoker.observe.export import export_dir
+from stoker.observe.registry import serve
 
 from .helpers import Written, assert_exactly_once
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from stoker import gpu
-from stoker.cache.metrics import LATENCY_BUCKETS, AgentCollector, Counters
-from stoker.coordinator.service import Coordinator, CoordinatorCollector
-from stoker.metrics import Collector, Metrics
+from stoker.coordinator.metrics import CoordinatorCollector
+from stoker.coordinator.service import Coordinator
+from stoker.observe import nvml as gpu
+from stoker.observe.agent import LATENCY_BUCKETS, AgentCollector, Counters
+from stoker.observe.registry import Collector, Metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "stoker.json"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stoker import doctor
-from stoker.doctor import Evidence, Thresholds
+from stoker.observe import doctor
+from stoker.observe.doctor import Evidence, Thresholds
 
 
 def ev(**kw) -> Evidence:

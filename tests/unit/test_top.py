@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stoker import doctor, top
+from stoker.observe import doctor, top
 
 
 def rank_samples(rank: str, tokens: float, wait: float, step: float) -> doctor.Samples:

@@ -1,10 +1,10 @@
-"""A DataLoader worker's busy seconds (stoker.metrics_export.busy_seconds), case by case."""
+"""A DataLoader worker's busy seconds (stoker.observe.export.busy_seconds), case by case."""
 
 from __future__ import annotations
 
 import pytest
 
-from stoker.metrics_export import busy_seconds
+from stoker.observe.export import busy_seconds
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ Bookkeeping (sizes, pins, clairvoyant eviction) is the pure
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import json
@@ -35,25 +34,16 @@ from typing import Any
 from stoker import errors
 from stoker._proto import agent_pb2 as pb
 from stoker.cache import wire
+from stoker.cache.config import FRAME_TIMEOUT, MAX_CONNECTIONS, AgentConfig
 from stoker.cache.layout import decoded_size, write_decoded
-from stoker.cache.metrics import LATENCY_BUCKETS, AgentCollector, Counters
 from stoker.cache.paths import AgentPaths
 from stoker.cache.remote import RateLimiter, RemoteStorage
 from stoker.cache.table import TierTable
 from stoker.cache.tiers import DiskTier, Key
 from stoker.errors import AgentError, AgentRunningError, ConfigError, StokerError
 from stoker.formats.tokens import TokenSource
-from stoker.units import parse_size
+from stoker.observe.agent import AgentCollector, Counters
 
-#: Where an agent serves its metrics unless told otherwise (a second agent on the machine
-#: finds it taken and serves on a free port, recorded in the runtime directory).
-METRICS_PORT = 9409
-#: Reader connections served at once; one more is refused with an error (each has a thread).
-MAX_CONNECTIONS = 1024
-#: Seconds a frame may take once it has begun (and a new connection, to say hello): a peer
-#: that sends part of a frame and stops is dropped, and a reader that does not take its
-#: answers is too.
-FRAME_TIMEOUT = 30.0
 log = logging.getLogger("stoker.agent")
 
 
@@ -89,16 +79,34 @@ class _Load:
 class Agent:
     """The node cache: serve blocks to local readers through shared memory."""
 
+    @classmethod
+    def from_config(cls, config: AgentConfig) -> Agent:
+        """The agent with ``config``'s settings."""
+        return cls(
+            config.cache_dir,
+            config.cache_limit,
+            config.shm_limit,
+            max_remote=config.max_remote,
+            max_rate=config.max_rate,
+            prefetch_bytes=config.prefetch_bytes,
+            decode_threads=config.decode_threads,
+            metrics_port=config.metrics_port,
+            shm_root=Path(config.shm_root) if config.shm_root else None,
+            idle_exit=config.idle_exit,
+            max_connections=config.max_connections,
+            frame_timeout=config.frame_timeout,
+        )
+
     def __init__(
         self,
         cache_dir: str | os.PathLike[str],
         cache_limit: int,
-        shm_limit: int = 4 << 30,
+        shm_limit: int = AgentConfig.shm_limit,
         *,
-        max_remote: int = 16,
-        max_rate: float = 0.0,
+        max_remote: int = AgentConfig.max_remote,
+        max_rate: float = AgentConfig.max_rate,
         prefetch_bytes: int | None = None,
-        decode_threads: int = 4,
+        decode_threads: int = AgentConfig.decode_threads,
         metrics_port: int | None = None,
         shm_root: Path | None = None,
         idle_exit: float | None = None,
@@ -533,9 +541,7 @@ class Agent:
                 memory_tier=self._shm_ok,
                 pid=os.getpid(),
             )
-        out["remote_latency_buckets"] = list(LATENCY_BUCKETS)
-        out["remote_latency_counts"] = list(self.counters.latency)
-        out["remote_latency_sum"] = self.counters.latency_sum
+        out.update(self.counters.latency_stats())
         return out
 
     def _prefetch_lead(self) -> int:
@@ -553,7 +559,7 @@ class Agent:
     def _start_metrics(self, port: int) -> None:
         from prometheus_client import CollectorRegistry
 
-        from stoker.metrics import serve_registry
+        from stoker.observe.registry import serve_registry
 
         registry = CollectorRegistry()
         registry.register(AgentCollector(self.stats))
@@ -568,105 +574,7 @@ class Agent:
             log.warning("%s", text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="stoker agent", description="Run the node agent (node cache)."
-    )
-    add_arguments(ap)
-    args = ap.parse_args(argv)
-    return run(args)
+if __name__ == "__main__":  # how readers of 0.1 start the agent: `stoker agent` now
+    from stoker.cli.agent import main
 
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument(
-        "--cache-dir", required=True, help="directory of the disk tier (owned by the agent)"
-    )
-    ap.add_argument(
-        "--cache-limit", type=parse_size, required=True, help="disk tier size, e.g. 200G"
-    )
-    ap.add_argument(
-        "--shm-limit", type=parse_size, default="4G", help="memory tier (/dev/shm) size"
-    )
-    ap.add_argument(
-        "--max-remote", type=int, default=16, help="concurrent requests to remote storage"
-    )
-    ap.add_argument(
-        "--max-rate", type=float, default=0.0, help="requests per second to remote (0: no cap)"
-    )
-    ap.add_argument(
-        "--shm-root",
-        default=None,
-        help="where the memory tier lives (default /dev/shm; any tmpfs works)",
-    )
-    ap.add_argument(
-        "--idle-exit",
-        type=float,
-        default=None,
-        help="exit after this many seconds without a connected reader (default: never)",
-    )
-    ap.add_argument(
-        "--max-connections",
-        type=int,
-        default=MAX_CONNECTIONS,
-        help=f"reader connections served at once (default {MAX_CONNECTIONS})",
-    )
-    ap.add_argument(
-        "--frame-timeout",
-        type=float,
-        default=FRAME_TIMEOUT,
-        help="seconds a request may take to arrive once begun, and a new connection to say "
-        f"hello (default {FRAME_TIMEOUT:.0f})",
-    )
-    ap.add_argument(
-        "--metrics-port",
-        type=int,
-        default=METRICS_PORT,
-        help=f"serve /metrics on 127.0.0.1:PORT (default {METRICS_PORT}; 0: any free port; "
-        "-1: none)",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s stoker-agent %(levelname)s %(message)s"
-    )
-    agent = Agent(
-        args.cache_dir,
-        args.cache_limit,
-        args.shm_limit,
-        max_remote=args.max_remote,
-        max_rate=args.max_rate,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-        idle_exit=args.idle_exit,
-        max_connections=args.max_connections,
-        frame_timeout=args.frame_timeout,
-        shm_root=Path(args.shm_root) if args.shm_root else None,
-    )
-    try:
-        agent.start()
-    except AgentRunningError as exc:
-        print(f"stoker agent: {exc}", flush=True)
-        return 3
-    except StokerError as exc:
-        print(f"stoker agent: {exc}", flush=True)
-        return 2
-    print(f"stoker agent: serving {agent.paths.socket}", flush=True)
-    if agent.metrics_address:
-        print(
-            f"stoker agent: metrics on http://127.0.0.1:{agent.metrics_address[1]}/metrics",
-            flush=True,
-        )
-    import signal
-
-    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
-    try:
-        agent.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        agent.stop()
-    return 0
-
-
-if __name__ == "__main__":
     raise SystemExit(main())

@@ -33,9 +33,10 @@ import time
 import warnings
 from typing import Any
 
-from stoker import errors
+from stoker import errors, settings
 from stoker._proto import agent_pb2 as pb
 from stoker.cache import wire
+from stoker.cache.config import AgentConfig
 from stoker.cache.paths import AgentPaths, default_cache_dir
 from stoker.errors import AgentError
 
@@ -61,16 +62,16 @@ class AgentClient:
     def __init__(
         self,
         cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int = 64 << 30,
-        shm_limit: int = 4 << 30,
+        cache_limit: int = AgentConfig.cache_limit,
+        shm_limit: int = AgentConfig.shm_limit,
         *,
         autostart: bool = True,
         timeout: float = 60.0,
         connect_timeout: float = 5.0,
         request_timeout: float = 30.0,
         retry_interval: float = 5.0,
-        max_remote: int = 16,
-        max_rate: float = 0.0,
+        max_remote: int = AgentConfig.max_remote,
+        max_rate: float = AgentConfig.max_rate,
         idle_exit: float = 300.0,
     ) -> None:
         for name, value in (
@@ -158,22 +159,20 @@ class AgentClient:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
+        config = AgentConfig(
+            cache_dir=str(self.paths.cache_dir),
+            cache_limit=self.cache_limit,
+            shm_limit=self.shm_limit,
+            max_remote=self.max_remote,
+            max_rate=self.max_rate,
+            idle_exit=self.idle_exit,
+        )
         cmd = [
             sys.executable,
             "-m",
             "stoker.cache.agent",
-            "--cache-dir",
-            str(self.paths.cache_dir),
-            "--cache-limit",
-            str(self.cache_limit),
-            "--shm-limit",
-            str(self.shm_limit),
-            "--max-remote",
-            str(self.max_remote),
-            "--max-rate",
-            str(self.max_rate),
-            "--idle-exit",
-            str(self.idle_exit),
+            "--config-json",
+            settings.to_json(config),
         ]
         with open(self.paths.log, "ab") as logf:
             return subprocess.Popen(

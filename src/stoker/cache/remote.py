@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from stoker.cache.metrics import Counters
+from stoker.observe.agent import Counters
 from stoker.storage import Storage
 
 

@@ -7,9 +7,9 @@ import os
 import threading
 import warnings
 
-from stoker.cache.metrics import Counters
 from stoker.cache.paths import AgentPaths
 from stoker.cache.table import TierTable
+from stoker.observe.agent import Counters
 
 log = logging.getLogger("stoker.agent")
 

@@ -29,7 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
-from stoker import env
+from stoker import env, settings
 from stoker.coordinator.client import CoordinatorClient
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import Config
@@ -125,14 +125,10 @@ def spawn(
         sys.executable, "-m", "stoker.cli", "coordinator",
         "--state", state_url, "--job", job, "--world", str(world),
         "--num-samples", str(num_samples), "--bind", bind, "--exit-with-parent",
-        "--lease-size", str(config.lease_size), "--timeout", str(config.timeout),
-        "--readahead", str(config.readahead_seconds),
-        "--min-readahead", str(config.min_readahead),
+        "--config-json", settings.to_json(config),
     ]  # fmt: skip
     if drop_remainder:
         cmd.append("--drop-remainder")
-    if not config.locality:
-        cmd.append("--no-locality")
     if restore is not None:
         name, snapshot = restore
         Journal(state_url, job).write_checkpoint(name, snapshot)  # the state travels inline

@@ -22,14 +22,11 @@ peers that went away.
 from __future__ import annotations
 
 import hashlib
-import hmac
-import ipaddress
 import json
 import logging
 import secrets
 import threading
 import time
-from concurrent import futures
 from typing import Any, NoReturn
 
 import grpc
@@ -40,13 +37,7 @@ from stoker._proto import coordinator_pb2_grpc as pb_grpc
 from stoker.coordinator.client import REASON_KEY
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
-from stoker.coordinator.limits import (
-    HANDSHAKE_TIMEOUT,
-    MAX_CALLS,
-    MAX_CONNECTIONS,
-    MAX_MESSAGE,
-    MAX_STREAMS,
-)
+from stoker.coordinator.metrics import CoordinatorMetrics
 from stoker.errors import ConfigError
 
 log = logging.getLogger("stoker.coordinator")
@@ -70,32 +61,6 @@ def _refuse(context: grpc.ServicerContext, exc: LeaseError) -> NoReturn:
     context.set_trailing_metadata(((REASON_KEY, exc.code),))
     context.abort(_CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), str(exc))
     raise AssertionError("grpc's abort() returned")  # it raises
-
-
-def is_loopback(bind: str) -> bool:
-    host = bind.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class _Auth(grpc.ServerInterceptor):
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-        def deny(request: Any, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong coordinator token")
-
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation: Any, details: Any) -> Any:
-        got = dict(details.invocation_metadata).get("authorization", "")
-        if hmac.compare_digest(got.encode(), self._expected):
-            return continuation(details)
-        return self._deny
 
 
 class Coordinator(pb_grpc.CoordinatorServicer):
@@ -132,7 +97,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.write_interval = 0.05
         self._taken = 0
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
-        self.metrics = _Metrics()
+        self.metrics = CoordinatorMetrics()
         self._handlers: dict[str, Any] = {
             "lease": self._lease,
             "heartbeat": self._heartbeat,
@@ -464,103 +429,6 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         )
 
 
-class _Metrics:
-    """The coordinator's counters across epochs, and call latencies by method."""
-
-    def __init__(self) -> None:
-        from stoker.metrics import Histogram
-
-        self._lock = threading.Lock()
-        self.latency: dict[str, Histogram] = {}
-        self.done = {"granted": 0, "steals": 0, "requeued": 0}
-        self.by_rank: dict[int, int] = {}
-        self._histogram = Histogram
-
-    def observe(self, method: str, seconds: float) -> None:
-        if not method:
-            return
-        with self._lock:
-            h = self.latency.get(method)
-            if h is None:
-                h = self.latency[method] = self._histogram()
-            h.observe(seconds)
-
-    def close_table(self, t: LeaseTable) -> None:
-        with self._lock:
-            self.done["granted"] += t.granted
-            self.done["steals"] += t.steals
-            self.done["requeued"] += t.requeued
-            for r, n in enumerate(t.by_rank):
-                self.by_rank[r] = self.by_rank.get(r, 0) + n
-
-
-class CoordinatorCollector:
-    """The Prometheus view of a coordinator (``stoker_coordinator_*``)."""
-
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.c = coordinator
-
-    def collect(self) -> Any:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        from stoker.metrics import cumulative
-
-        c, m = self.c, self.c.metrics
-        with c._lock, m._lock:
-            t = c.table
-            live = sum(x.alive for x in t.consumers.values())
-            totals = {k: v + getattr(t, k) for k, v in m.done.items()}
-            by_rank = dict(m.by_rank)
-            for r, n in enumerate(t.by_rank):
-                by_rank[r] = by_rank.get(r, 0) + n
-            epoch, quota = t.epoch, t.quota
-            consumed = t.consumed_count - sum(b - a for a, b in t.base)
-            latency = {k: (list(h.counts), h.sum) for k, h in m.latency.items()}
-        yield GaugeMetricFamily("stoker_coordinator_epoch", "Epoch in progress", value=epoch)
-        yield GaugeMetricFamily(
-            "stoker_coordinator_quota_positions", "Positions per rank this epoch", value=quota
-        )
-        yield GaugeMetricFamily(
-            "stoker_coordinator_epoch_consumed_positions",
-            "Positions of this epoch confirmed",
-            value=consumed,
-        )
-        yield GaugeMetricFamily(
-            "stoker_coordinator_live_consumers", "Consumers that have not expired", value=live
-        )
-        yield CounterMetricFamily(
-            "stoker_coordinator_leases_granted", "Leases granted", value=totals["granted"]
-        )
-        yield CounterMetricFamily(
-            "stoker_coordinator_steals", "Leases split for an idle consumer", value=totals["steals"]
-        )
-        yield CounterMetricFamily(
-            "stoker_coordinator_requeued_positions",
-            "Positions put back in the queue when their consumer went silent",
-            value=totals["requeued"],
-        )
-        ranks = CounterMetricFamily(
-            "stoker_coordinator_consumed_positions",
-            "Positions each rank confirmed (its consumption rate shows a straggler)",
-            labels=["rank"],
-        )
-        for r in sorted(by_rank):
-            ranks.add_metric([str(r)], by_rank[r])
-        yield ranks
-        lat = HistogramMetricFamily(
-            "stoker_coordinator_request_seconds",
-            "Time to answer a call, journal write included",
-            labels=["method"],
-        )
-        for method, (counts, total) in sorted(latency.items()):
-            lat.add_metric([method], cumulative(counts), total)
-        yield lat
-
-
 def _pairs(iv: Any) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in iv]
 
@@ -576,78 +444,13 @@ def _split_epochs(events: list[Event]) -> list[list[Event]]:
     return out
 
 
-class Server:
-    """A running coordinator: gRPC server, expiry thread.
+def __getattr__(name: str) -> Any:  # their home before 0.2
+    if name in ("Server", "is_loopback", "coordinator_timeout"):
+        from stoker.coordinator import server
 
-    ``token`` None: off loopback a :class:`ConfigError`; on loopback the server draws
-    one (:attr:`token`, :attr:`generated`) for its caller to hand to the clients.
-    """
+        return getattr(server, name)
+    if name == "CoordinatorCollector":
+        from stoker.coordinator.metrics import CoordinatorCollector
 
-    def __init__(
-        self,
-        coordinator: Coordinator,
-        bind: str = "127.0.0.1:0",
-        token: str | None = None,
-        threads: int = 16,
-        *,
-        max_connections: int = MAX_CONNECTIONS,
-        handshake_timeout: float = HANDSHAKE_TIMEOUT,
-    ) -> None:
-        if not is_loopback(bind) and not token:
-            raise ConfigError(
-                f"the coordinator binds {bind}, which is not loopback: give it a shared token "
-                "(--token-file or STOKER_COORDINATOR_TOKEN)"
-            )
-        if max_connections < 1 or not handshake_timeout > 0:
-            raise ConfigError(
-                f"max_connections must be >= 1 and handshake_timeout > 0 (--max-connections, "
-                f"--handshake-timeout), got {max_connections} and {handshake_timeout}"
-            )
-        self.coordinator = coordinator
-        self.generated = not token
-        self.token = token or secrets.token_urlsafe(32)
-        options = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_allowed_incoming_connections", max_connections),
-            ("grpc.max_concurrent_streams", MAX_STREAMS),
-            ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout * 1000))),
-            ("grpc.keepalive_time_ms", 60_000),
-            ("grpc.keepalive_timeout_ms", 20_000),
-            ("grpc.max_connection_idle_ms", 600_000),
-            ("grpc.http2.max_pings_without_data", 0),
-        ]
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=threads),
-            interceptors=[_Auth(self.token)],
-            options=options,
-            maximum_concurrent_rpcs=MAX_CALLS,
-        )
-        pb_grpc.add_CoordinatorServicer_to_server(coordinator, self.server)
-        self.port = self.server.add_insecure_port(bind)
-        if self.port == 0:
-            raise ConfigError(f"could not bind the coordinator to {bind}")
-        self.address = f"{bind.rsplit(':', 1)[0]}:{self.port}"
-        self._stop = threading.Event()
-        self._expiry = threading.Thread(target=self._expire_loop, daemon=True, name="stoker-expiry")
-
-    def _expire_loop(self) -> None:
-        period = max(0.05, coordinator_timeout(self.coordinator) / 4)
-        while not self._stop.wait(period):
-            gone = self.coordinator.expire()
-            if gone:
-                log.info("consumers %s went silent; their leases are back in the queue", gone)
-
-    def start(self) -> Server:
-        self.server.start()
-        self._expiry.start()
-        self.coordinator.start_writer()
-        return self
-
-    def stop(self, grace: float | None = None) -> None:
-        self._stop.set()
-        self.server.stop(grace).wait()
-        self.coordinator.close()
-
-
-def coordinator_timeout(c: Coordinator) -> float:
-    return c.config.timeout
+        return CoordinatorCollector
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,10 +11,8 @@ lease table (:mod:`stoker.coordinator.leases`) makes the cut.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from stoker.coordinator.leases import Consumer, Lease
+from stoker.coordinator.model import Consumer, Lease
 
 #: Rate assumed for a consumer that has not reported progress yet (positions/s).
 DEFAULT_RATE = 1.0

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stoker.formats.tokens import TokenSource
-from stoker.metrics import METRICS
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
@@ -109,7 +108,7 @@ class BlockArena:
         try:
             return self._load(block, slot)
         finally:
-            METRICS.thread_busy(time.perf_counter() - t)
+            self.source.storage.observer.thread_busy(time.perf_counter() - t)
 
     def _load(self, block: int, slot: int) -> int:
         pinned = False
@@ -182,8 +181,9 @@ class BlockArena:
         if self._pool is None:
             n = self.source.storage.max_inflight
             self._pool = ThreadPoolExecutor(n, thread_name_prefix="stoker-io")
-            METRICS.threads_opened(n)
-            weakref.finalize(self._pool, METRICS.threads_closed, n)
+            observer = self.source.storage.observer
+            observer.threads_opened(n)
+            weakref.finalize(self._pool, observer.threads_closed, n)
         return self._pool
 
     def require(self, blocks: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import torch
 
 from stoker import plan
 from stoker.cache import BlockCache, DiskCache
+from stoker.cache.config import AgentConfig
 from stoker.errors import ConfigError
 from stoker.formats.tokens import Metadata, TokenSource
 from stoker.loader.arena import NEVER, BlockArena, first_uses
@@ -76,8 +77,8 @@ class TokenDataset(PlannedDataset):
         storage_options: dict[str, Any] | None = None,
         cache: BlockCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int = 64 << 30,
-        shm_limit: int = 4 << 30,
+        cache_limit: int = AgentConfig.cache_limit,
+        shm_limit: int = AgentConfig.shm_limit,
         agent: AgentClient | bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,

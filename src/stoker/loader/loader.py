@@ -38,8 +38,8 @@ from stoker.loader.batch import SAMPLE_ID
 from stoker.loader.distributed import Placement
 from stoker.loader.planned import PlannedDataset
 from stoker.loader.pool import WorkerPool
-from stoker.metrics import serve_once, timed
-from stoker.metrics_export import rank_stats
+from stoker.observe.export import rank_stats
+from stoker.observe.registry import serve_once, timed
 from stoker.pinned import Lent, Loans, register
 
 if TYPE_CHECKING:

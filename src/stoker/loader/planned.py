@@ -33,7 +33,7 @@ from stoker.loader.batch import SAMPLE_ID, Layout
 from stoker.loader.consumer import ConsumerSpec, Reader, allocate, produce
 from stoker.loader.distributed import Placement, detect
 from stoker.loader.sources import StaticSource
-from stoker.metrics_export import exported, worker_export
+from stoker.observe.export import arm, exported, worker_export
 
 #: Samples a dataset iterated in its own process (or a torch DataLoader worker) reads
 #: per call into its reader before it hands them out one by one.
@@ -136,6 +136,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         self._progress: st.Progress | None = None
         self._worker: dict[str, int] | None = None
         self._pass_key = uuid.uuid4().hex  # names this dataset's epochs in loader.passes
+        arm()  # DataLoader workers iterating this dataset export their counts to this process
 
     def stream(self) -> plan.Stream:
         """Stream positions -> sample ids (the pure plan; a new one each call, with its

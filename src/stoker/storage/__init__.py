@@ -32,11 +32,11 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 from stoker.errors import ConfigError, StokerError, StorageError, UnreachableError
-from stoker.metrics import METRICS
+from stoker.observe.registry import registry
 from stoker.storage._backend import Backend
 from stoker.storage._http import HTTPFS, DeadlineExceeded
 from stoker.storage._local import LocalFS
@@ -177,6 +177,22 @@ def _classify(exc: BaseException) -> str:
     return "transient"
 
 
+class Observer(Protocol):
+    """What :class:`Storage` reports: each read (bytes that crossed the wire, seconds) and
+    each failed attempt (``"errors"``) or retry (``"retries"``).
+    :class:`~stoker.observe.registry.Metrics` is one."""
+
+    def storage_read(self, nbytes: int, seconds: float) -> None: ...
+
+    def storage_event(self, name: str) -> None: ...
+
+    def threads_opened(self, n: int) -> None: ...
+
+    def threads_closed(self, n: int) -> None: ...
+
+    def thread_busy(self, seconds: float) -> None: ...
+
+
 class Storage:
     """Reads and writes files under one dataset root URL."""
 
@@ -186,8 +202,11 @@ class Storage:
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         max_inflight: int = 8,
+        *,
+        observer: Observer | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self._observer = observer
         self.protocol, self.root = split_url(self.url)
         self.storage_options = dict(storage_options or {})
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -202,10 +221,16 @@ class Storage:
         self._appending: dict[str, int] = {}  # local files being appended to: descriptors
         self._lock = threading.Lock()
 
+    @property
+    def observer(self) -> Observer:
+        """What reads are reported to: the one given, else this process's registry (also
+        in a process this storage was pickled into: an observer is not carried along)."""
+        return self._observer if self._observer is not None else registry()
+
     # -- per-process clients --------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=None, _fs=None, _appending={}, _lock=None, stats=None)
+        state.update(_pid=None, _fs=None, _appending={}, _lock=None, stats=None, _observer=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -321,7 +346,7 @@ class Storage:
                     raise  # a configuration error (a missing backend, ...): retrying cannot help
                 kind = _classify(exc)
                 self.stats.errors += 1
-                METRICS.storage_event("errors")
+                self.observer.storage_event("errors")
                 cause = f"{type(exc).__name__}: {exc}"
                 if kind == "missing":
                     raise FileNotFoundError(f"{what}: not found") from exc
@@ -358,7 +383,7 @@ class Storage:
                         **where,
                     ) from exc
                 self.stats.retries += 1
-                METRICS.storage_event("retries")
+                self.observer.storage_event("retries")
                 time.sleep(wait)
 
     def _wire_start(self) -> None:
@@ -380,7 +405,7 @@ class Storage:
         data = self._with_retries(path, lambda d: self._call("cat_file", d, full))
         wire = self._wire_bytes(len(data))
         self.stats.add(wire)
-        METRICS.storage_read(wire, time.perf_counter() - t)
+        self.observer.storage_read(wire, time.perf_counter() - t)
         return bytes(data)
 
     def read_range(self, path: str, start: int, stop: int) -> bytes:
@@ -410,7 +435,7 @@ class Storage:
         data = self._with_retries(path, get, start, stop)
         wire = self._wire_bytes(len(data))
         self.stats.add(wire)
-        METRICS.storage_read(wire, time.perf_counter() - t)
+        self.observer.storage_read(wire, time.perf_counter() - t)
         return data
 
     def exists(self, path: str) -> bool:

@@ -117,23 +117,24 @@ class _Watchdog:
                     pass  # already closed
 
 
-_WATCHDOG = _Watchdog()
-
 _IGNORING: set[str] = set()  # scheme://netloc of origins that answered a range with 200
-_IGNORING_LOCK = threading.Lock()
+_per_process: tuple[int, _Watchdog, threading.Lock] | None = None
 
 
-def _reset_after_fork() -> None:
-    global _WATCHDOG, _IGNORING_LOCK
-    _WATCHDOG = _Watchdog()  # the parent's thread does not exist in the child
-    _IGNORING_LOCK = threading.Lock()  # another thread of the parent may have held it
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+def _process_state() -> tuple[_Watchdog, threading.Lock]:
+    """This process's watchdog and the lock of :data:`_IGNORING`, made on first use and
+    anew in a forked child (the parent's thread does not exist there, and another of
+    its threads may have held the lock)."""
+    global _per_process
+    pid = os.getpid()
+    state = _per_process
+    if state is None or state[0] != pid:
+        state = _per_process = (pid, _Watchdog(), threading.Lock())
+    return state[1], state[2]
 
 
 def _note_ignored_range(origin: str, url: str) -> None:
-    with _IGNORING_LOCK:
+    with _process_state()[1]:
         if origin in _IGNORING:
             return
         _IGNORING.add(origin)
@@ -224,7 +225,7 @@ class HTTPFS:
         try:
             conn = self._connection(parts.scheme, parts.netloc, deadline)
             if deadline is not None and conn.sock is not None:
-                alarm = _WATCHDOG.arm(deadline, conn.sock)
+                alarm = _process_state()[0].arm(deadline, conn.sock)
             conn.request(method, target, headers=headers)
             resp = conn.getresponse()
             out = sink(resp.status) if sink is not None else None
@@ -239,7 +240,7 @@ class HTTPFS:
             raise
         finally:
             if alarm is not None:
-                _WATCHDOG.disarm(alarm)
+                _process_state()[0].disarm(alarm)
         if resp.will_close or (alarm is not None and alarm.fired):
             self._drop(parts.scheme, parts.netloc)  # (the watchdog shut it down just now)
         return resp.status, resp, body

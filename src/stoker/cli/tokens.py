@@ -1,0 +1,133 @@
+"""``stoker build-tokens`` and ``stoker inspect``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from stoker.errors import InputError
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _storage_options(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"--storage-options is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise InputError("--storage-options must be a JSON object")
+    return value
+
+
+def cmd_build_tokens(args: argparse.Namespace) -> int:
+    from stoker.extras import require
+    from stoker.formats.token_writer import WriteOptions
+    from stoker.ingest import SourceOptions
+    from stoker.tokenizing import BuildStats, build_tokens
+
+    tqdm = require("tqdm", "build", "build-tokens", InputError).tqdm
+    bars: list = []  # made at the first report: the sources are checked, their bytes known
+
+    def progress(stats: BuildStats) -> None:
+        if not bars:
+            bars.append(
+                tqdm(
+                    total=stats.total_bytes,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    dynamic_ncols=True,
+                    disable=args.quiet,
+                )
+            )
+        bar = bars[0]
+        bar.set_postfix_str(f"{stats.documents:,} docs, {stats.tokens:,} tokens", refresh=False)
+        bar.update(stats.source_bytes - bar.n)
+
+    opts = WriteOptions(
+        block_tokens=args.block_tokens,
+        level=args.level,
+        shuffle=args.byte_shuffle,
+        dictionary=args.dictionary,
+        min_match=args.min_match or None,
+    )
+    try:
+        manifest, stats = build_tokens(
+            args.sources,
+            args.out,
+            args.tokenizer,
+            eos_token=args.eos_token,
+            source_options=SourceOptions(args.text_field, args.text_column, args.txt_split),
+            write_options=opts,
+            workers=args.workers,
+            storage_options=_storage_options(args.storage_options),
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    finally:
+        for bar in bars:
+            bar.close()
+    print(
+        f"wrote {args.out}: {manifest.num_documents:,} documents, {manifest.num_tokens:,} tokens, "
+        f"{manifest.num_blocks:,} blocks, {_size(manifest.compressed_bytes)} "
+        f"({manifest.compressed_bytes / manifest.raw_bytes:.3f} of raw {manifest.dtype}) "
+        f"in {stats.seconds:.1f} s ({stats.text_bytes / max(stats.seconds, 1e-9) / 1e6:.1f} MB/s of text)"
+    )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from stoker.formats.tokens import TokenSource
+
+    src = TokenSource(args.url, _storage_options(args.storage_options))
+    m = src.manifest
+    comp = m.compression
+    rows = [
+        ("dataset", src.url),
+        ("id", m.dataset_id),
+        (
+            "format",
+            f"{m.format} v{m.format_version} (written by {m.writer or '?'}, {m.created or '?'})",
+        ),
+        ("tokens", f"{m.num_tokens:,}"),
+        ("documents", f"{m.num_documents:,}"),
+        ("dtype / vocab", f"{m.dtype} / {m.vocab_size:,} (eos id {m.eos_id})"),
+        ("blocks", f"{m.num_blocks:,} of {m.block_tokens:,} tokens in {len(m.files)} file(s)"),
+        ("bytes", f"{_size(m.compressed_bytes)} stored, {_size(m.raw_bytes)} raw"),
+        (
+            "compression",
+            f"{m.compressed_bytes / m.raw_bytes:.3f} of raw ({m.raw_bytes / max(m.compressed_bytes, 1):.2f}x); "
+            f"zstd level {comp.level}, dictionary {'yes' if comp.dictionary else 'no'}, byte shuffle {'yes' if comp.shuffle else 'no'}",
+        ),
+        (
+            "tokenizer",
+            f"{m.tokenizer.name} sha256 {m.tokenizer.sha256[:16]}" if m.tokenizer else "unknown",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    start = max(0, min(args.offset, m.num_tokens - 1))
+    tokens = src.tokens(start, min(m.num_tokens, start + args.sample_tokens))
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # decoding is optional: stoker[build]
+        Tokenizer = None  # type: ignore[assignment,misc]
+    if m.tokenizer is not None and m.tokenizer.path is not None and Tokenizer is not None:
+        tok = Tokenizer.from_str(src.storage.read(m.tokenizer.path).decode())
+        text = tok.decode(tokens.tolist(), skip_special_tokens=False)
+        print(f"\nsample (tokens {start:,}..{start + len(tokens):,}, decoded):\n{text}")
+    else:
+        print(f"\nsample (tokens {start:,}..{start + len(tokens):,}): {tokens.tolist()}")
+        if m.tokenizer is not None and m.tokenizer.path is not None:
+            print("(to see it decoded: pip install 'stoker[build]')")
+    return 0
