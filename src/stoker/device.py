@@ -703,7 +703,7 @@ class DevicePrefetcher:
         """The loader's state as of the last batch handed out (batches in flight not counted)."""
         if self._state is not None:
             return self._state()
-        return self.loader.state_dict()  # type: ignore[attr-defined,no-any-return]
+        return self.loader.state_dict()  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (a pass in progress is stopped)."""

@@ -53,7 +53,7 @@ def kind_of(path: str) -> str:
     raise InputError(f"{path}: unsupported input type; expected one of {', '.join(KINDS)}")
 
 
-def _url_to_fs(path: str, storage_options: dict | None) -> tuple[Any, str]:
+def _url_to_fs(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(path, **(storage_options or {}))
     except ImportError as exc:  # the URL's fsspec backend is an extra (stoker[s3], ...)
@@ -61,7 +61,9 @@ def _url_to_fs(path: str, storage_options: dict | None) -> tuple[Any, str]:
         raise InputError(str(backend_error(protocol, path, exc))) from exc
 
 
-def check_sources(paths: list[str], storage_options: dict | None = None) -> list[tuple[str, int]]:
+def check_sources(
+    paths: list[str], storage_options: dict[str, Any] | None = None
+) -> list[tuple[str, int]]:
     """Each source and its size; fails before any work if a source is missing, empty,
     of an unknown type, or needs a package that is not installed."""
     if not paths:
@@ -84,7 +86,7 @@ def check_sources(paths: list[str], storage_options: dict | None = None) -> list
 def iter_texts(
     path: str,
     opts: SourceOptions,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> Iterator[str]:
     """Documents of one source, in order; ``progress(bytes_read)`` as the file is read."""
@@ -168,7 +170,10 @@ def _json_text(path: str, lineno: int, line: str, field: str) -> str:
 
 
 def _parquet(
-    path: str, opts: SourceOptions, storage_options: dict | None, progress: Progress | None
+    path: str,
+    opts: SourceOptions,
+    storage_options: dict[str, Any] | None,
+    progress: Progress | None,
 ) -> Iterator[str]:
     pq = require("pyarrow.parquet", "parquet", f"{path}: reading .parquet", InputError)
     fs, fpath = _url_to_fs(path, storage_options)

@@ -95,7 +95,7 @@ class BuildStats:
 def _batches(
     sources: list[tuple[str, int]],
     opts: SourceOptions,
-    storage_options: dict | None,
+    storage_options: dict[str, Any] | None,
     stats: BuildStats,
     ends: deque[int],
 ) -> Iterator[list[str]]:

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from stoker import settings
-from stoker.cli import agent
 from stoker.cache.config import AgentConfig
+from stoker.cli import agent
 from stoker.cli import coordinator as coordinator_cli
 from stoker.coordinator.leases import Config
 from stoker.errors import ConfigError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from stoker.errors import InputError
 
@@ -16,7 +17,7 @@ def _size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def _storage_options(text: str | None) -> dict | None:
+def _storage_options(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
     try:
@@ -35,7 +36,7 @@ def cmd_build_tokens(args: argparse.Namespace) -> int:
     from stoker.tokenizing import BuildStats, build_tokens
 
     tqdm = require("tqdm", "build", "build-tokens", InputError).tqdm
-    bars: list = []  # made at the first report: the sources are checked, their bytes known
+    bars: list[Any] = []  # made at the first report: the sources are checked, their bytes known
 
     def progress(stats: BuildStats) -> None:
         if not bars:

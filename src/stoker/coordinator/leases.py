@@ -560,7 +560,7 @@ class LeaseTable:
             int(b["world"]),
             config,
             origin=str(b.get("origin", "")),
-            first_ids=tuple(b.get("first_ids", (1, 1))),  # type: ignore[arg-type]
+            first_ids=tuple(b.get("first_ids", (1, 1))),
         )
         for ev in events[1:]:
             table.apply(ev)

@@ -70,7 +70,7 @@ class BlockCodec:
         }
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
+        self.__init__(**state)
 
     def _cctx(self) -> zstandard.ZstdCompressor:
         c = getattr(self._local, "c", None)
@@ -150,4 +150,4 @@ def _bounded(dctx: zstandard.ZstdDecompressor, frame: memoryview, limit: int, wh
 
 def train_dictionary(samples: list[bytes], size: int = 112 * 1024) -> bytes:
     """A zstd dictionary trained on raw block bytes."""
-    return zstandard.train_dictionary(size, list(samples)).as_bytes()  # type: ignore[arg-type]
+    return bytes(zstandard.train_dictionary(size, list(samples)).as_bytes())

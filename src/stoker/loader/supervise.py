@@ -40,7 +40,8 @@ def is_stopped(pid: int | None) -> bool:
     if pid is None:
         return False
     try:
-        stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115 - one read
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])

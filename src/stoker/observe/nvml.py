@@ -26,7 +26,7 @@ def _nvml() -> Any | None:
     with _lock:
         if "nvml" not in _state:
             try:
-                import pynvml  # type: ignore[import-not-found]
+                import pynvml
 
                 pynvml.nvmlInit()
                 _state["nvml"] = pynvml if pynvml.nvmlDeviceGetCount() > 0 else None
