@@ -6,11 +6,15 @@ Public API; everything else is internal and may change.
 from typing import TYPE_CHECKING
 
 from stoker.cache import BlockCache, DiskCache, NullCache
+from stoker.cache.config import AgentConfig
+from stoker.coordinator.model import Config as LeaseConfig
 from stoker.errors import (
     AgentError,
     AgentRunningError,
     ChecksumError,
     ConfigError,
+    ConsumerExpired,
+    CoordinatorRefused,
     CoordinatorUnavailable,
     DatasetError,
     InputError,
@@ -27,12 +31,12 @@ from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
 from stoker.formats.tokens import TokenSource
 from stoker.manifest import Manifest
 from stoker.observe.metered import Metered
+from stoker.plan import ShuffleConfig
 from stoker.storage import RetryPolicy, Storage
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
     from stoker.coordinator.client import CoordinatorClient
-    from stoker.coordinator.leases import Config as LeaseConfig
     from stoker.device import DevicePrefetcher
     from stoker.loader.dataset import TokenDataset
     from stoker.loader.loader import TokenLoader
@@ -61,21 +65,20 @@ def __getattr__(name: str) -> object:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # asked once
         return value
-    if name == "LeaseConfig":
-        from stoker.coordinator.leases import Config
-
-        return Config
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")
 
 
 __all__ = [
     "AgentClient",
+    "AgentConfig",
     "AgentError",
     "AgentRunningError",
     "BlockCache",
     "ChecksumError",
     "ConfigError",
+    "ConsumerExpired",
     "CoordinatorClient",
+    "CoordinatorRefused",
     "CoordinatorUnavailable",
     "DatasetError",
     "DevicePrefetcher",
@@ -88,6 +91,7 @@ __all__ = [
     "Metered",
     "NullCache",
     "RetryPolicy",
+    "ShuffleConfig",
     "StateError",
     "StokerError",
     "Storage",

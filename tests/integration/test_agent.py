@@ -508,3 +508,19 @@ def test_agents_of_two_users_do_not_collide(tmp_path: Path, agents: Agents) -> N
         other.wait()
         remove_tree(AgentPaths(theirs / "cache", uid=nobody.pw_uid).shm)
         shutil.rmtree(theirs, ignore_errors=True)
+
+
+def test_an_agent_config_as_the_cache_starts_the_agent_with_its_settings(
+    dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    cache = tmp_path / "cache"
+    agents.dirs.append(cache)  # the agent this dataset starts is killed at the end
+    config = stoker.AgentConfig(
+        str(cache), cache_limit=1 << 30, shm_limit=64 << 20, idle_exit=120.0, metrics_port=None
+    )
+    ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=4, cache=config)
+    assert ds.agent is not None and ds.agent.config == config
+    ids = [i for b in stoker.TokenLoader(ds) for i in b["sample_id"].tolist()]
+    assert sorted(ids) == list(range(ds.num_samples))
+    stats = AgentClient(cache, autostart=False).stats()
+    assert (stats["memory_limit"], stats["disk_limit"]) == (64 << 20, 1 << 30)  # as configured

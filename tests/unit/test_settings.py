@@ -91,3 +91,21 @@ def test_rank0_hands_its_coordinator_every_lease_setting(tmp_path) -> None:  # t
         assert CoordinatorClient(started.address).status().world == 1  # it serves
     finally:
         started.close()
+
+
+def test_a_shuffle_config_is_the_shuffle_keywords_as_one_value(write_small) -> None:  # type: ignore[no-untyped-def]
+    import stoker
+
+    data = write_small(num_docs=80, max_len=60)
+    loose = stoker.TokenDataset(data.url, 8, batch_size=4, seed=5, shard_size=4, window_shards=3)
+    value = stoker.TokenDataset(
+        data.url, 8, batch_size=4, shuffle=stoker.ShuffleConfig(5, True, 4, 3)
+    )
+    assert [x["sample_id"] for x in loose] == [x["sample_id"] for x in value]
+    assert value.state_dict() == loose.state_dict()  # the same stream, the same state
+    off = stoker.TokenDataset(data.url, 8, shuffle=stoker.ShuffleConfig(shuffle=False))
+    assert [x["sample_id"] for x in off] == list(range(off.num_samples))
+    with pytest.raises(ConfigError, match="ShuffleConfig"):
+        stoker.TokenDataset(data.url, 8, seed=1, shuffle=stoker.ShuffleConfig(seed=2))
+    with pytest.raises(ConfigError, match="cache_dir"):
+        stoker.TokenDataset(data.url, 8, cache=stoker.AgentConfig("/tmp/x"), cache_dir="/tmp/y")

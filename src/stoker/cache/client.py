@@ -22,6 +22,7 @@ and requests go to the agent again. :meth:`AgentClient.stats` has nothing to fal
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -49,7 +50,9 @@ class AgentClient:
     """Talks to the agent that owns ``cache_dir`` (by default the user's cache directory).
 
     ``cache_limit``, ``shm_limit``, ``max_remote``, ``max_rate`` and
-    ``idle_exit`` are used when this client has to start the agent (which then
+    ``idle_exit`` (or all of an agent's settings at once, ``config``, an
+    :class:`~stoker.AgentConfig` whose ``cache_dir`` is then the directory) are
+    used when this client has to start the agent (which then
     exits after ``idle_exit`` seconds without a reader); an agent already
     running keeps its own settings. ``timeout`` bounds the wait for an agent
     to start (or restart); ``connect_timeout`` the connection and its Hello;
@@ -72,8 +75,17 @@ class AgentClient:
         retry_interval: float = 5.0,
         max_remote: int = AgentConfig.max_remote,
         max_rate: float = AgentConfig.max_rate,
-        idle_exit: float = 300.0,
+        idle_exit: float | None = 300.0,
+        config: AgentConfig | None = None,
     ) -> None:
+        if config is not None:  # the settings of an agent this client starts, all at once
+            cache_dir, cache_limit, shm_limit = (
+                config.cache_dir,
+                config.cache_limit,
+                config.shm_limit,
+            )
+            max_remote, max_rate, idle_exit = config.max_remote, config.max_rate, config.idle_exit
+        self.config = config
         for name, value in (
             ("timeout", timeout),
             ("connect_timeout", connect_timeout),
@@ -159,7 +171,8 @@ class AgentClient:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
-        config = AgentConfig(
+        config = dataclasses.replace(
+            self.config or AgentConfig(str(self.paths.cache_dir)),
             cache_dir=str(self.paths.cache_dir),
             cache_limit=self.cache_limit,
             shm_limit=self.shm_limit,

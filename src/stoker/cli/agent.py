@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from stoker import settings
 from stoker.cache.agent import Agent
@@ -19,7 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_arguments(ap)
     args = ap.parse_args(argv)
-    return run(args)
+    try:
+        return run(args)
+    except StokerError as exc:  # as `stoker agent` says it
+        print(f"stoker agent: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -101,11 +106,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s stoker-agent %(levelname)s %(message)s"
     )
-    try:
-        agent = Agent.from_config(config_from_args(args))
-    except ConfigError as exc:
-        print(f"stoker agent: {exc}", flush=True)
-        return 2
+    agent = Agent.from_config(config_from_args(args))  # a bad setting: `stoker: error: ...`
     try:
         agent.start()
     except AgentRunningError as exc:

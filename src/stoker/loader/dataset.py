@@ -46,7 +46,15 @@ class TokenDataset(PlannedDataset):
     each epoch to choose, or use torchdata's StatefulDataLoader or
     :class:`~stoker.TokenLoader` to continue a broken-off epoch.
 
-    Caching: with ``cache_dir`` (or an ``agent``) blocks are read through the
+    ``shuffle`` is True, False or a :class:`~stoker.ShuffleConfig` (seed, shard size,
+    shuffle window), which then replaces ``seed``, ``shard_size`` and
+    ``window_shards``.
+
+    Caching: ``cache=stoker.AgentConfig(directory, cache_limit=..., ...)`` reads
+    blocks through the node agent that owns that directory, started with those
+    settings if none runs; ``cache=`` a :class:`~stoker.BlockCache` keeps stored
+    records in this process's own cache. The older keywords do the same: with
+    ``cache_dir`` (or an ``agent``) blocks are read through the
     node agent that owns that directory, started on first use if none runs:
     one download and one decode per machine, shared by every local process
     (``shm_limit`` bounds its shared-memory tier, ``cache_limit`` its disk
@@ -70,12 +78,12 @@ class TokenDataset(PlannedDataset):
         *,
         batch_size: int = 1,
         seed: int = 0,
-        shuffle: bool = True,
+        shuffle: bool | plan.ShuffleConfig = True,
         shard_size: int | None = None,
         window_shards: int = 16,
         drop_remainder: bool = False,
         storage_options: dict[str, Any] | None = None,
-        cache: BlockCache | None = None,
+        cache: BlockCache | AgentConfig | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int = AgentConfig.cache_limit,
         shm_limit: int = AgentConfig.shm_limit,
@@ -92,6 +100,16 @@ class TokenDataset(PlannedDataset):
             raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(cache, AgentConfig):  # the node agent, with these settings
+            if cache_dir is not None or agent is not None:
+                raise ConfigError(
+                    "cache=AgentConfig(...) names the agent's directory and limits: give "
+                    "neither cache_dir nor agent beside it"
+                )
+            from stoker.cache.client import AgentClient
+
+            agent = AgentClient(config=cache)
+            cache = None
         if agent is None:
             agent = cache_dir is not None and cache is None
         if agent is True:
@@ -111,11 +129,22 @@ class TokenDataset(PlannedDataset):
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.num_samples = (m.num_tokens - 1) // seq_len
-        seed, window_shards = operator.index(seed), operator.index(window_shards)
-        shard_size = None if shard_size is None else operator.index(shard_size)
-        self.shuffle_config = plan.ShuffleConfig(seed, shuffle, shard_size, window_shards).resolve(
-            seq_len
+        if isinstance(shuffle, plan.ShuffleConfig):
+            if (seed, shard_size, window_shards) != (0, None, 16):
+                raise ConfigError(
+                    "shuffle=ShuffleConfig(...) holds the seed, shard_size and window_shards: "
+                    "set them there, not beside it"
+                )
+            config = shuffle
+        else:
+            config = plan.ShuffleConfig(seed, bool(shuffle), shard_size, window_shards)
+        config = plan.ShuffleConfig(
+            operator.index(config.seed),
+            config.shuffle,
+            None if config.shard_size is None else operator.index(config.shard_size),
+            operator.index(config.window_shards),
         )
+        self.shuffle_config = config.resolve(seq_len)
         self.drop_remainder = drop_remainder
         self.rank, self.world_size = rank, world_size
         self.doc_starts = doc_starts
