@@ -30,10 +30,10 @@ sample ids, and OLD and NEW must deliver the same id sequence in each
 configuration, or the run stops with an error (exit status 1).
 
 The run is R interleaved rounds (default 7): in each round every configuration
-runs once per side, OLD first in even rounds and NEW first in odd ones, so that
-background load on the machine hits both alike. Reported are the medians over
-the rounds and the NEW/OLD tokens/s ratio as the median of the per-round
-ratios (the ratios themselves are listed too).
+runs once per side, OLD first in rounds 1, 3, 5, ... and NEW first in rounds 2,
+4, ..., so that background load on the machine hits both alike. Reported are
+the medians over the rounds and the NEW/OLD tokens/s ratio as the median of the
+per-round ratios (the ratios themselves are listed too).
 
 Dataset: ``benchmarks/.work/dynamic_bench/synthetic-100000000/data``, reused
 when present, else written as ``benchmarks/dynamic_bench.py`` writes its

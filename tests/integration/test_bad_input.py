@@ -248,6 +248,7 @@ def test_corrupted_block_fails_a_dataset_epoch(dataset: Written) -> None:
     assert info.value.block == block
 
 
+@pytest.mark.filterwarnings("default:.*failed its checksum; refetching:UserWarning")
 def test_corrupted_block_through_dataloader_workers(dataset: Written) -> None:
     block = _bad_block(dataset)
     _corrupt(dataset, block)
@@ -257,6 +258,7 @@ def test_corrupted_block_through_dataloader_workers(dataset: Written) -> None:
     assert f"block {block}" in str(info.value)
 
 
+@pytest.mark.filterwarnings("default:.*failed its checksum; refetching:UserWarning")
 def test_corrupted_block_through_coordinator_fed_workers(dataset: Written, tmp_path: Path) -> None:
     """A coordinator-fed loader's worker raises the same typed error a static one does."""
     block = _bad_block(dataset)

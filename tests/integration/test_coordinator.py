@@ -286,3 +286,26 @@ def test_a_consumer_silent_past_the_timeout_registers_again_and_loses_nothing(
         confirm(positions, segments)
     assert stream.reregistered == 1 and stream.consumer != first_id
     assert sorted(delivered) == list(range(200))  # every position once, none lost
+
+
+def test_a_consumer_that_joins_after_its_epoch_ended_hands_out_nothing(
+    tmp_path: Path, coordinators: Coordinators
+) -> None:
+    """A rank's worker that starts late, when its fellow workers already finished the
+    epoch, could only register in the next one: it must not hand the next epoch's
+    positions into this epoch's pass (a confirm for an unknown consumer, before)."""
+    from stoker.coordinator.consumer import LeaseStream
+
+    _, address = coordinators.start(
+        "--state", str(tmp_path / "s"), "--world", "1", "--num-samples", "40"
+    )  # fmt: skip
+    client = CoordinatorClient(address, retry_for=20)
+    first = LeaseStream(client, 0, 0, min_epoch=0, max_epoch=0)
+    for seq, (_, segments) in enumerate(first.batches(8)):
+        answers = client.confirm_batch(first.consumer, first.epoch, seq, segments, 8)
+        assert None not in answers
+    assert client.status().epoch == 1  # epoch 0 is done
+    late = LeaseStream(client, 0, 1, min_epoch=0, max_epoch=0)
+    assert late.epoch == 1 and list(late.batches(8)) == []  # nothing of epoch 1 here
+    unbounded = LeaseStream(client, 0, 2, min_epoch=0)  # without the bound it joins epoch 1
+    assert unbounded.epoch == 1 and next(unbounded.batches(8))[0].size > 0

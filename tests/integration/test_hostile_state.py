@@ -284,6 +284,7 @@ def _epoch_ids(written: Written, epoch: int) -> list[int]:
     return [int(item["sample_id"]) for item in ds]
 
 
+@pytest.mark.filterwarnings("default:.*this DataLoader iteration runs epoch:RuntimeWarning")
 def test_a_dataloader_iterated_again_runs_the_next_epoch(small_dataset: Written) -> None:
     """Through torch DataLoader workers the main process never learns what was consumed:
     iterating again runs the next epoch (with a warning), never the same one twice."""

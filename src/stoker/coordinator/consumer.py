@@ -46,22 +46,27 @@ class LeaseStream:
         *,
         stream: str = "",
         min_epoch: int = 0,
+        max_epoch: int | None = None,
         node: str = "",
         local: Callable[[int], list[tuple[int, int]]] | None = None,
     ) -> None:
         """``node`` names the consumer's cache; ``local(epoch)`` gives the positions of
-        ``epoch`` that cache holds, reported once registered (locality)."""
+        ``epoch`` that cache holds, reported once registered (locality). With
+        ``max_epoch``, a consumer that could only register in a later epoch (its rank's
+        other consumers finished this one meanwhile) hands out nothing: the rank's pass
+        is one epoch."""
         self.client = client
         self.wait = wait
+        self.max_epoch = max_epoch
         self._who = (rank, worker, node, stream, local)
         self.reregistered = 0
+        self._over = False
         self._register(min_epoch)
         self._held: dict[int, _Held] = {}
         self._last: int | None = None  # the lease the last batch ended in
         # every lease granted to us this epoch: a lease read to its end is not confirmed
         # until the rank's main process hands its batch out, so it must not be re-granted
         self._granted: set[int] = set()
-        self._over = False
 
     def _register(self, min_epoch: int) -> None:
         rank, worker, node, stream, local = self._who
@@ -75,6 +80,9 @@ class LeaseStream:
                 self.first_step = self.client.first_step
                 break
             time.sleep(self.wait)
+        if self.max_epoch is not None and self.epoch > self.max_epoch:
+            self._over = True  # the pass's epoch ended before this consumer joined it
+            return
         if node and local is not None:
             ranges = local(self.epoch)
             if ranges:

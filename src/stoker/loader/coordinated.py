@@ -29,6 +29,7 @@ import torch
 
 from stoker.coordinator.client import CoordinatorClient
 from stoker.coordinator.consumer import Confirmer, LeaseStream, confirm_window
+from stoker.errors import StokerError
 from stoker.loader.consumer import ConsumerSpec
 from stoker.loader.planned import PlannedDataset
 from stoker.loader.pool import WorkerPool
@@ -131,9 +132,19 @@ class CoordinatedEpoch:
         """``(consumer, batch, segments)`` as the pool's consumers read them."""
         ds = self.ds
         stream, locality = ds.stream_identity(), ds.locality()
+        # the pass is one epoch: the coordinator's current one, unless this rank is past it;
+        # a worker that could only join a later epoch (the others finished this one first)
+        # hands out nothing
+        epoch = max(self.min_epoch, self.client.status().epoch)
         spec = ConsumerSpec(
             source=lambda w: LeaseStream(
-                self.client, self.rank, w, min_epoch=self.min_epoch, stream=stream, **locality
+                self.client,
+                self.rank,
+                w,
+                min_epoch=epoch,
+                max_epoch=epoch,
+                stream=stream,
+                **locality,
             ),
             samples=ds.stream().samples,
             reader=ds.open_reader,
@@ -147,6 +158,11 @@ class CoordinatedEpoch:
             for got in pool.batches():
                 began = pool.began[got.worker]
                 self._began(began.epoch, began.first_step)
+                if began.epoch != self.epoch:  # (LeaseStream's max_epoch keeps this from happening)
+                    raise StokerError(
+                        f"loader worker {got.worker} read epoch {began.epoch} in a pass of epoch "
+                        f"{self.epoch}; this is a stoker bug"
+                    )
                 batch = got.arrays
                 if not got.owned:  # held until confirmed: out of the slot
                     batch = {k: v.clone() for k, v in batch.items()}
