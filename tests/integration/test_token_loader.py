@@ -128,6 +128,7 @@ def test_zero_copy_batches_are_views_valid_until_next(written: Written) -> None:
     assert got == ref
 
 
+@pytest.mark.filterwarnings("default:.*failed its checksum; refetching:UserWarning")
 def test_corrupt_block_raises_the_typed_error_from_a_worker(tmp_path: Path) -> None:
     written = write_dataset(tmp_path / "ds", num_docs=60, seed=3, block_tokens=256)
     path, start, _ = written.record_span(1)
