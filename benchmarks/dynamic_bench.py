@@ -364,8 +364,9 @@ def _costs(s: dict[str, Any], batches: int) -> list[str]:
             "Where the dynamic path's time goes (medians of the CPU columns; the `rank0` "
             "coordinator's CPU is not measured, it is the loader's private child): the loader "
             "confirms every batch with the coordinator before handing it out (`ConfirmBatch`, "
-            "sent on a thread, as many per `Batch` message as are waiting, reading up to "
-            f"{CONFIRM_WINDOW} batches ahead of the confirms; `src/stoker/loader/dynamic.py`), "
+            "sent on a thread, up to half the window or 5 ms of them per `Batch` message while the "
+            f"rank does not wait, reading up to {CONFIRM_WINDOW} batches ahead of the confirms; "
+            "`src/stoker/coordinator/consumer.py`, `src/stoker/loader/coordinated.py`), "
             "leases and heartbeats add a few calls per lease, and the coordinator journals each "
             "confirmed batch. Here the consumer does nothing with a batch, so that per-batch "
             "cost is the whole difference, on the same two cores as the reading.",
