@@ -35,7 +35,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import resource
 import shlex
 import statistics
@@ -58,7 +57,7 @@ WORK = BENCH / ".work" / "dynamic_bench"
 CORPUS = BENCH / ".work"  # where benchmarks/corpus.py writes tokens.u16 and doc_lens.npy
 sys.path.insert(0, str(BENCH))
 from docsection import replace_section  # noqa: E402
-from machine import git_info, lscpu  # noqa: E402
+from machine import git_info, platform_info  # noqa: E402
 
 HEADING = "## Dynamic loader: coordinator leases vs the static plan"
 SEQ_LEN, BATCH, SEED = 2048, 8, 0
@@ -285,18 +284,8 @@ def epoch(url: str, config: str, nw: int, tmp: Path, profile: bool = False) -> d
 # -- run and report --------------------------------------------------------------------
 def machine_info() -> dict[str, Any]:
     import grpc
-    import torch
 
-    info: dict[str, Any] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "grpcio": grpc.__version__,
-        "stoker": stoker.__version__,
-    }
-    info.update(lscpu(("Model name", "Architecture", "Hypervisor vendor")))
+    info = {**platform_info(), "grpcio": grpc.__version__, "stoker": stoker.__version__}
     git = git_info()
     if git:
         info["git"] = git

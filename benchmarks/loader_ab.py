@@ -52,7 +52,6 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -357,22 +356,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def machine_info() -> dict[str, Any]:
-    import numpy as np
-    import torch
-    from machine import lscpu
-
-    info: dict[str, Any] = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-    }
-    info.update(lscpu(("Model name", "Architecture", "Hypervisor vendor")))
-    return info
-
-
 def _paragraph(k: int) -> str:
     """Paragraph ``k`` of the module docstring as markdown (bullets one per line)."""
     text = __doc__.split("\n\n")[k].replace("``", "`")
@@ -501,7 +484,9 @@ def main() -> int:
                 raise SystemExit(
                     f"{cfg}: {warm} + {timed} batches, but an epoch has {info['full_batches']}"
                 )
-        res.update(machine=machine_info(), trees=trees, dataset=info)
+        from machine import platform_info
+
+        res.update(machine=platform_info(), trees=trees, dataset=info)
         res["params"] = {"rounds": rounds, "windows": windows, "base": args.base}
         runs_dir = tmp / "runs"
         runs_dir.mkdir()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,3 +40,20 @@ def git_info() -> str | None:
     if not head:
         return None
     return head + (" with uncommitted changes in src/" if dirty else "")
+
+
+def platform_info() -> dict[str, Any]:
+    """The machine and the interpreter: cores, Python, kernel, torch, numpy, and lscpu's
+    model, architecture and hypervisor."""
+    import numpy as np
+    import torch
+
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+    }
+    info.update(lscpu(("Model name", "Architecture", "Hypervisor vendor")))
+    return info

@@ -34,6 +34,7 @@ grow only with topology changes (a few intervals per rank).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,12 +57,20 @@ class ShuffleConfig:
     window_shards: int = 16
 
     def resolve(self, seq_len: int) -> ShuffleConfig:
-        shard = self.shard_size if self.shard_size is not None else max(1, (1 << 20) // seq_len)
+        """The same shuffle with the shard size worked out for ``seq_len`` and every
+        number a plain int (numpy integers are accepted; a float or a string is not)."""
+        shard = (
+            operator.index(self.shard_size)
+            if self.shard_size is not None
+            else max(1, (1 << 20) // seq_len)
+        )
         if shard < 1:
             raise ConfigError(f"shard_size must be >= 1, got {shard}")
         if self.window_shards < 1:
             raise ConfigError(f"window_shards must be >= 1, got {self.window_shards}")
-        return ShuffleConfig(self.seed, self.shuffle, shard, self.window_shards)
+        return ShuffleConfig(
+            operator.index(self.seed), bool(self.shuffle), shard, operator.index(self.window_shards)
+        )
 
 
 class EpochOrder:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -138,12 +137,6 @@ class TokenDataset(PlannedDataset):
             config = shuffle
         else:
             config = plan.ShuffleConfig(seed, bool(shuffle), shard_size, window_shards)
-        config = plan.ShuffleConfig(
-            operator.index(config.seed),
-            config.shuffle,
-            None if config.shard_size is None else operator.index(config.shard_size),
-            operator.index(config.window_shards),
-        )
         self.shuffle_config = config.resolve(seq_len)
         self.drop_remainder = drop_remainder
         self.rank, self.world_size = rank, world_size

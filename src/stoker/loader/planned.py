@@ -30,7 +30,7 @@ from stoker.errors import ConfigError, StateError
 from stoker.loader import passes
 from stoker.loader import state as st
 from stoker.loader.batch import SAMPLE_ID, Layout
-from stoker.loader.consumer import ConsumerSpec, Reader, allocate, produce
+from stoker.loader.consumer import ConsumerSpec, Made, Reader, allocate, produce
 from stoker.loader.distributed import Placement, detect
 from stoker.loader.sources import StaticSource
 from stoker.observe.export import arm, exported, worker_export
@@ -300,12 +300,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         pl = self.placement()
         epoch, skip = self._start(pl)
         progress = epoch.progress
-        spec = ConsumerSpec(
-            source=lambda w: epoch.source(pl.worker, pl.num_workers, skip),
-            samples=self.stream().samples,
-            reader=self.open_reader,
-            batch_size=ITEM_CHUNK,
-        )
+        spec = epoch.spec(pl.num_workers, ITEM_CHUNK, skip)
         count: Callable[[], None]
         if self._worker is not None:
             worker = self._worker
@@ -319,9 +314,9 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
                 progress.consumed += 1
 
         for event in produce(spec, pl.worker, allocate(self.layout)):
-            arrays = getattr(event, "arrays", None)
-            if arrays is None:
+            if not isinstance(event, Made) or event.arrays is None:
                 continue  # Began
+            arrays = event.arrays
             ids = arrays[SAMPLE_ID].tolist()
             rest = [(k, torch.from_numpy(v)) for k, v in arrays.items() if k != SAMPLE_ID]
             for i, sid in enumerate(ids):

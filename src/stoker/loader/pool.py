@@ -158,7 +158,6 @@ class WorkerPool:
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.began: dict[int, Began] = {}  # worker -> its consumer's latest registration
-        self.waiting = 0  # batches ready in the slots, not yet received
         self._inline: Iterator[Began | Made] | None = None
         self._started = False
 
@@ -185,6 +184,12 @@ class WorkerPool:
             self.procs.append(proc)
             for slot in range(self.prefetch):
                 give_back(parent, slot)  # a worker gone already: its receive says so
+
+    @property
+    def waiting(self) -> int:
+        """Workers with a message ready (batches in the slots, not yet received); asked
+        for by the static pass after each batch, a poll of each pipe."""
+        return sum(c.poll(0) for c in self.conns)
 
     def slot_tensors(self) -> list[torch.Tensor]:
         """Every slot's arrays (to page-lock them once the workers are forked)."""
@@ -216,7 +221,6 @@ class WorkerPool:
             if isinstance(msg, Ready):
                 apply_worker(self.rank, w, msg.meter)
                 ring = self.rings[w]
-                self.waiting = sum(c.poll(0) for c in self.conns)
                 turn += 1
                 yield Got(w, msg.slot, ring.view(msg.slot, msg.rows), list(msg.segments))
             elif isinstance(msg, Began):
