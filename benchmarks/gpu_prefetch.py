@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 import stoker
-from stoker.pinned import register
+from stoker.device.pinning import register
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

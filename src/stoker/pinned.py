@@ -8,25 +8,28 @@ untouched until then. Two kinds of source, one rule:
   memcpy (any loader's batches). A buffer is free again once its copy's event
   completed.
 - :class:`Loans`: the loader's own shared-memory batch slots, page-locked
-  (:func:`register`) and copied from directly, without the staging memcpy. A
+  (:func:`stoker.device.pinning.register`) and copied from directly, without the staging memcpy. A
   slot lent to the device tier goes back to its worker (``give_back``) only
   once its copy's event completed, never when training takes the batch.
 
 Both are bookkeeping only, over the :class:`Event` protocol (a CUDA event in
-use, fake events in the tests), so the reuse rule is tested without a GPU.
+use, fake events in the tests), so the reuse rule is tested without a GPU. The one
+call into CUDA, page-locking the slots, is :func:`stoker.device.pinning.register`
+(still importable from here).
 """
 
 from __future__ import annotations
 
-import threading
-import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 
 from stoker.errors import ConfigError, StokerError
+
+if TYPE_CHECKING:
+    from stoker.device.pinning import register as register
 
 Key = tuple[tuple[int, ...], torch.dtype]
 
@@ -296,62 +299,18 @@ class Lent(dict[str, Any]):
         self.loan = loan
 
 
-def register(tensors: Sequence[torch.Tensor], device: torch.device) -> Callable[[], None]:
-    """Page-lock the memory under ``tensors`` (``cudaHostRegister``) so that copies to
-    ``device`` read it directly; returns the undo (``cudaHostUnregister``). Raises
-    :class:`~stoker.errors.StokerError` with CUDA's error code if it refused (nothing
-    stays registered then).
+def __getattr__(name: str) -> Any:  # its home before the device package
+    if name == "register":
+        import warnings
 
-    The calls run on a thread of their own: a refused call leaves its error as the
-    CUDA runtime's *last error* of the calling thread, where PyTorch's next check
-    after a kernel launch would raise it; there it ends with the thread.
-    """
-    storages = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors]
-    done: list[int] = []
-    refused: list[int] = []
+        from stoker.device.pinning import register
 
-    def unregister() -> None:
-        # a new thread's current device is 0: select ours, or a context is made on GPU 0
-        torch.cuda.set_device(device)
-        cudart = torch.cuda.cudart()
-        failed = [rc for ptr in done if (rc := int(cudart.cudaHostUnregister(ptr))) != 0]
-        done.clear()
-        if failed:
-            warnings.warn(
-                f"cudaHostUnregister failed for {len(failed)} batch slots (cudaError "
-                f"{failed[0]}); their memory may stay page-locked",
-                RuntimeWarning,
-                stacklevel=1,
-            )
+        warnings.warn(
+            "stoker.pinned.register moved to stoker.device.pinning.register; the old name "
+            "goes in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
-    def pin() -> None:
-        torch.cuda.set_device(device)
-        cudart = torch.cuda.cudart()
-        for ptr, nbytes in storages:
-            rc = int(cudart.cudaHostRegister(ptr, nbytes, 0))
-            if rc != 0:
-                refused.append(rc)
-                unregister()
-                return
-            done.append(ptr)
-
-    _on_own_thread(pin)
-    if refused:
-        raise StokerError(f"cudaHostRegister refused the batch slots (cudaError {refused[0]})")
-    return lambda: _on_own_thread(unregister)
-
-
-def _on_own_thread(fn: Callable[[], None]) -> None:
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            failure.append(exc)
-
-    th = threading.Thread(target=run, name="stoker-register", daemon=True)
-    th.start()
-    th.join()
-    if failure:
-        raise failure[0]
+        return register
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

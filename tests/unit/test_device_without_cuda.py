@@ -12,6 +12,7 @@ import torch
 
 import stoker
 from stoker import device as device_tier
+from stoker.device import placement
 from stoker.errors import ConfigError
 
 from ._datasets import SmallDataset
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machi
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device_tier, "_warned_devices", set())
+    monkeypatch.setattr(placement, "_warned_devices", set())
     monkeypatch.delenv(device_tier.STRICT_ENV, raising=False)
 
 

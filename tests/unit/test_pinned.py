@@ -14,8 +14,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from stoker.device.pinning import register
 from stoker.errors import StokerError
-from stoker.pinned import Loan, Loans, PinnedPool, register
+from stoker.pinned import Loan, Loans, PinnedPool
 
 # -- the pinned pool ---------------------------------------------------------------------
 

@@ -559,7 +559,7 @@ class Agent:
     def _start_metrics(self, port: int) -> None:
         from prometheus_client import CollectorRegistry
 
-        from stoker.observe.registry import serve_registry
+        from stoker.observe.serving import serve_registry
 
         registry = CollectorRegistry()
         registry.register(AgentCollector(self.stats))

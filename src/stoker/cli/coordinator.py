@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = ""
     if args.metrics_port >= 0:
         from stoker.coordinator.metrics import CoordinatorCollector
-        from stoker.observe.registry import serve
+        from stoker.observe.serving import serve
 
         port = serve(
             args.metrics_port, extra=[CoordinatorCollector(coordinator)], role="coordinator"

@@ -6,7 +6,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from stoker.coordinator.leases import LeaseTable
-from stoker.observe.registry import Histogram
+from stoker.observe.instruments import Histogram
 
 if TYPE_CHECKING:
     from stoker.coordinator.service import Coordinator
@@ -53,7 +53,7 @@ class CoordinatorCollector:
             HistogramMetricFamily,
         )
 
-        from stoker.observe.registry import cumulative
+        from stoker.observe.exposition import cumulative
 
         c, m = self.c, self.c.metrics
         with c._lock, m._lock:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from stoker.device.pinning import register
 from stoker.errors import ConfigError, StateError, StokerError, WorkerError
 from stoker.loader import state as st
 from stoker.loader.batch import SAMPLE_ID
@@ -39,8 +40,9 @@ from stoker.loader.distributed import Placement
 from stoker.loader.planned import PlannedDataset
 from stoker.loader.pool import WorkerPool
 from stoker.observe.export import rank_stats
-from stoker.observe.registry import serve_once, timed
-from stoker.pinned import Lent, Loans, register
+from stoker.observe.registry import timed
+from stoker.observe.serving import serve_once
+from stoker.pinned import Lent, Loans
 
 if TYPE_CHECKING:
     from stoker.coordinator.client import CoordinatorClient

@@ -53,7 +53,7 @@ from stoker.loader import supervise
 from stoker.loader.batch import Layout, Slots
 from stoker.loader.consumer import Began, ConsumerSpec, Made, allocate, produce
 from stoker.loader.sources import Segments
-from stoker.observe.registry import WorkerMeter, apply_worker
+from stoker.observe.workers import WorkerMeter, apply_worker
 
 
 class Ready(NamedTuple):

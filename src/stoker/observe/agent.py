@@ -1,5 +1,5 @@
 """The node agent's counters, and their Prometheus view (histograms as everywhere in
-stoker: :class:`~stoker.observe.registry.Histogram`, one bucket set)."""
+stoker: :class:`~stoker.observe.instruments.Histogram`, one bucket set)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from stoker.observe.registry import BUCKETS, Histogram, cumulative
+from stoker.observe.exposition import cumulative
+from stoker.observe.instruments import BUCKETS, Histogram
 
 #: The remote-latency buckets: the one bucket set of every stoker histogram.
 LATENCY_BUCKETS = BUCKETS

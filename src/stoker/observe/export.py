@@ -5,7 +5,7 @@ process of its own: what it reads from storage and how busy it is would be lost
 with it. Each writes its totals (counted from zero in the worker: what it
 inherited at fork is its parent's) to ``<shm>/stoker-metrics-<parent pid>/<pid>.json``
 at most every :data:`EXPORT_INTERVAL` seconds, when its iteration ends and when
-it exits. The parent's :class:`~stoker.observe.registry.Collector` reads them on each
+it exits. The parent's :class:`~stoker.observe.exposition.Collector` reads them on each
 scrape; the totals of workers that exited are folded into one record per (rank,
 worker) and their files removed, so a job of many epochs keeps a few files.
 Directories of parents that no longer exist are removed by the next process

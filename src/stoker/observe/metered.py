@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from stoker.observe.registry import serve_once, timed
+from stoker.observe.registry import timed
+from stoker.observe.serving import serve_once
 
 
 class Metered:
