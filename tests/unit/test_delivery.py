@@ -209,3 +209,78 @@ def test_a_retried_batch_gets_its_first_answer_and_gaps_are_refused() -> None:
     with pytest.raises(LeaseError) as err:
         t.snapshot_at(3)
     assert err.value.code == "not_ready"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    world=hs.integers(1, 3),
+    per_rank=hs.integers(1, 2),
+    size=hs.integers(1, 5),
+    n=hs.integers(0, 60),
+    data=hs.data(),
+)
+def test_runs_of_batches_confirmed_in_one_call_log_what_one_call_each_does(
+    world, per_rank, size, n, data
+) -> None:
+    """The Confirmer sends a run of a consumer's full batches as one call
+    (``merge_runs``): the table's answers (``split_answers``), its log and its journal
+    come out as if each batch had been confirmed alone."""
+    from stoker.coordinator.client import ConfirmCall
+    from stoker.coordinator.consumer import merge_runs, split_answers
+
+    t = LeaseTable(0, [(5, 5 + n)], world, CFG)
+    sim = Sim(t, size, per_rank)
+    for _ in range(data.draw(hs.integers(0, 60))):
+        what = data.draw(hs.sampled_from(["produce", "produce", "confirm", "kill"]))
+        cids = [c for cs in sim.consumers.values() for c in cs]
+        if what == "produce":
+            sim.produce(data.draw(hs.sampled_from(cids)))
+        elif what == "confirm":
+            for r, q in sim.queue.items():
+                while q:
+                    sim.confirm(r)
+        else:
+            sim.kill(data.draw(hs.sampled_from(cids)))
+    # the same calls again, each run of batch events between other events as one message
+    twin = LeaseTable(0, [(5, 5 + n)], world, CFG)
+    calls: list[ConfirmCall] = []
+    times: list[float] = []
+
+    def send() -> None:
+        merged, parts = merge_runs(calls)
+        assert len(merged) <= len(calls)
+        # each call at its run's last batch's time: the consumer's rate comes out the same
+        at = {batch[0][0]: when for batch, when in zip(parts, times, strict=True)}
+        got = [
+            twin.confirm_batch(
+                m.consumer, m.seq, [list(s) for s in m.segments], m.batch_size, at[i], m.count
+            )
+            for i, m in enumerate(merged)
+        ]
+        rank = {c.consumer: t.consumers[c.consumer].rank for c in calls}
+        for c, a in zip(calls, split_answers(got, parts), strict=True):
+            assert a == t._answers[(rank[c.consumer], c.seq)]
+        calls.clear()
+        times.clear()
+
+    for ev in t.events[1:]:
+        if ev.kind == "batch":
+            a = ev.args
+            segs = [tuple(s) for s in a["segments"]]
+            calls.append(ConfirmCall(a["consumer"], 0, a["seq"], segs, a["size"]))
+            times.append(ev.now)
+            continue
+        send()
+        twin.apply(ev)
+    send()
+
+    # batch for batch the same positions (a merged call may join a lease's two pieces)
+    def positions(table: LeaseTable, r: int) -> list[list[int]]:
+        return [members(b) for b in table.log[r]]
+
+    for r in range(world):
+        assert positions(twin, r) == positions(t, r)
+        assert [members(b) for b in twin.handed_out(r)] == [members(b) for b in t.handed_out(r)]
+    assert twin.snapshot() == t.snapshot()
+    replayed = LeaseTable.replay(twin.events, CFG)  # its journal replays the same
+    assert all(positions(replayed, r) == positions(t, r) for r in range(world))

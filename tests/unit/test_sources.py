@@ -66,8 +66,33 @@ def test_the_lease_stream_offers_the_same_interface() -> None:
 def test_the_confirm_window_shrinks_for_large_batches() -> None:
     from stoker.coordinator.consumer import CONFIRM_BYTES, CONFIRM_WINDOW, confirm_window
 
-    assert confirm_window(4, 150_000) == CONFIRM_WINDOW  # (8, 2049) batches: 64 of them
+    assert confirm_window(4, 150_000) == CONFIRM_WINDOW  # (8, 2049) batches: all of them
     big = 64 * 8193 * 9  # (64, 8193) tokens and masks: 4.7 MB a batch
     assert confirm_window(4, big) == CONFIRM_BYTES // big < CONFIRM_WINDOW
     assert confirm_window(4, 10 * CONFIRM_BYTES) == 4  # never none
-    assert confirm_window(100, 150_000) == 100  # never below the loader's prefetch
+    assert confirm_window(200, 150_000) == 200  # never below the loader's prefetch
+
+
+def test_a_run_of_full_batches_goes_as_one_call_and_its_answers_come_back_per_batch() -> None:
+    from stoker.coordinator.client import ConfirmCall
+    from stoker.coordinator.consumer import merge_runs, split_answers
+    from stoker.errors import CoordinatorRefused
+
+    calls = [
+        ConfirmCall(7, 0, 0, [(1, 4, 4)], 4),
+        ConfirmCall(7, 0, 1, [(1, 6, 2), (2, 12, 2)], 4),  # lease 1 ends, lease 2 begins
+        ConfirmCall(7, 0, 2, [(2, 16, 4)], 4),
+        ConfirmCall(7, 0, 3, [(2, 17, 1)], 4),  # short: a call of its own
+        ConfirmCall(8, 0, 4, [(3, 4, 4)], 4),  # another consumer
+    ]
+    merged, parts = merge_runs(calls)
+    assert [(m.consumer, m.seq, m.count, m.segments) for m in merged] == [
+        (7, 0, 3, [(1, 6, 6), (2, 16, 6)]),
+        (7, 3, 1, [(2, 17, 1)]),
+        (8, 4, 1, [(3, 4, 4)]),
+    ]
+    refused = CoordinatorRefused("FAILED_PRECONDITION", "wrong epoch", "wrong_epoch")
+    # lease 1 complete (True), lease 2 refused (None); the last call refused whole
+    got = split_answers([[True, None], [True], refused], parts)
+    assert got[:4] == [[False], [True, None], [None], [True]]
+    assert got[4] is refused

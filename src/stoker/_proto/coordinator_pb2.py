@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstoker/_proto/coordinator.proto\x12\x15stoker.coordinator.v1\"`\n\x0fRegisterRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x11\n\tmin_epoch\x18\x05 \x01(\x04\"T\n\rRegisterReply\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x12\n\nfirst_step\x18\x04 \x01(\x04\"=\n\x0cLeaseRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x03(\x04\"\xad\x01\n\nLeaseReply\x12\x38\n\x06status\x18\x01 \x01(\x0e\x32(.stoker.coordinator.v1.LeaseReply.Status\x12\r\n\x05lease\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0f\n\x07horizon\x18\x05 \x01(\x04\")\n\x06Status\x12\x0b\n\x07GRANTED\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\"P\n\x10HeartbeatRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04read\x18\x04 \x01(\x04\":\n\x0bLeaseLimits\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\x12\x0f\n\x07horizon\x18\x03 \x01(\x04\"D\n\x0eHeartbeatReply\x12\x32\n\x06leases\x18\x01 \x03(\x0b\x32\".stoker.coordinator.v1.LeaseLimits\"N\n\x0e\x43onfirmRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04upto\x18\x04 \x01(\x04\"\"\n\x0c\x43onfirmReply\x12\x12\n\nlease_done\x18\x01 \x01(\x08\"4\n\x07Segment\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0c\n\x04upto\x18\x02 \x01(\x04\x12\x0c\n\x04rows\x18\x03 \x01(\x04\"\x89\x01\n\x13\x43onfirmBatchRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x30\n\x08segments\x18\x04 \x03(\x0b\x32\x1e.stoker.coordinator.v1.Segment\x12\x12\n\nbatch_size\x18\x05 \x01(\r\"\x8b\x01\n\x11\x43onfirmBatchReply\x12@\n\x07\x61nswers\x18\x01 \x03(\x0e\x32/.stoker.coordinator.v1.ConfirmBatchReply.Answer\"4\n\x06\x41nswer\x12\r\n\tCONFIRMED\x10\x00\x12\x0e\n\nLEASE_DONE\x10\x01\x12\x0b\n\x07REFUSED\x10\x02\"3\n\x11\x43heckpointRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x04\"6\n\x0f\x43heckpointReply\x12\x15\n\rsnapshot_json\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x10\n\x0e\x44\x61tasetRequest\"A\n\x0c\x44\x61tasetReply\x12\x15\n\rmanifest_json\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x0c\x12\x0b\n\x03url\x18\x03 \x01(\t\"\x0f\n\rStatusRequest\"\xbb\x01\n\x0bStatusReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05world\x18\x02 \x01(\r\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x04\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0e\n\x06stream\x18\x05 \x01(\t\x12\r\n\x05quota\x18\x06 \x01(\x04\x12\x10\n\x08\x63onsumed\x18\x07 \x01(\x04\x12\x16\n\x0elive_consumers\x18\x08 \x01(\r\x12\x0e\n\x06steals\x18\t \x01(\x04\x12\x10\n\x08requeued\x18\n \x01(\x04\"#\n\x05Range\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\"]\n\x0cLocalRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12,\n\x06ranges\x18\x03 \x03(\x0b\x32\x1c.stoker.coordinator.v1.Range\"\x0c\n\nLocalReply\"\x81\x02\n\x04\x43\x61ll\x12\x34\n\x05lease\x18\x01 \x01(\x0b\x32#.stoker.coordinator.v1.LeaseRequestH\x00\x12<\n\theartbeat\x18\x02 \x01(\x0b\x32\'.stoker.coordinator.v1.HeartbeatRequestH\x00\x12\x38\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32%.stoker.coordinator.v1.ConfirmRequestH\x00\x12\x43\n\rconfirm_batch\x18\x04 \x01(\x0b\x32*.stoker.coordinator.v1.ConfirmBatchRequestH\x00\x42\x06\n\x04kind\":\n\tCallError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xae\x02\n\x06Result\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32!.stoker.coordinator.v1.LeaseReplyH\x00\x12:\n\theartbeat\x18\x02 \x01(\x0b\x32%.stoker.coordinator.v1.HeartbeatReplyH\x00\x12\x36\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32#.stoker.coordinator.v1.ConfirmReplyH\x00\x12\x41\n\rconfirm_batch\x18\x04 \x01(\x0b\x32(.stoker.coordinator.v1.ConfirmBatchReplyH\x00\x12\x31\n\x05\x65rror\x18\x05 \x01(\x0b\x32 .stoker.coordinator.v1.CallErrorH\x00\x42\x06\n\x04kind\":\n\x0c\x42\x61tchRequest\x12*\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1b.stoker.coordinator.v1.Call\"<\n\nBatchReply\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.stoker.coordinator.v1.Result2\xff\x06\n\x0b\x43oordinator\x12X\n\x08Register\x12&.stoker.coordinator.v1.RegisterRequest\x1a$.stoker.coordinator.v1.RegisterReply\x12O\n\x05Lease\x12#.stoker.coordinator.v1.LeaseRequest\x1a!.stoker.coordinator.v1.LeaseReply\x12[\n\tHeartbeat\x12\'.stoker.coordinator.v1.HeartbeatRequest\x1a%.stoker.coordinator.v1.HeartbeatReply\x12U\n\x07\x43onfirm\x12%.stoker.coordinator.v1.ConfirmRequest\x1a#.stoker.coordinator.v1.ConfirmReply\x12\x64\n\x0c\x43onfirmBatch\x12*.stoker.coordinator.v1.ConfirmBatchRequest\x1a(.stoker.coordinator.v1.ConfirmBatchReply\x12^\n\nCheckpoint\x12(.stoker.coordinator.v1.CheckpointRequest\x1a&.stoker.coordinator.v1.CheckpointReply\x12U\n\x07\x44\x61taset\x12%.stoker.coordinator.v1.DatasetRequest\x1a#.stoker.coordinator.v1.DatasetReply\x12R\n\x06Status\x12$.stoker.coordinator.v1.StatusRequest\x1a\".stoker.coordinator.v1.StatusReply\x12O\n\x05Local\x12#.stoker.coordinator.v1.LocalRequest\x1a!.stoker.coordinator.v1.LocalReply\x12O\n\x05\x42\x61tch\x12#.stoker.coordinator.v1.BatchRequest\x1a!.stoker.coordinator.v1.BatchReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstoker/_proto/coordinator.proto\x12\x15stoker.coordinator.v1\"`\n\x0fRegisterRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06worker\x18\x02 \x01(\r\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x11\n\tmin_epoch\x18\x05 \x01(\x04\"T\n\rRegisterReply\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x12\n\nfirst_step\x18\x04 \x01(\x04\"=\n\x0cLeaseRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0c\n\x04held\x18\x03 \x03(\x04\"\xad\x01\n\nLeaseReply\x12\x38\n\x06status\x18\x01 \x01(\x0e\x32(.stoker.coordinator.v1.LeaseReply.Status\x12\r\n\x05lease\x18\x02 \x01(\x04\x12\r\n\x05start\x18\x03 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x04\x12\x0f\n\x07horizon\x18\x05 \x01(\x04\")\n\x06Status\x12\x0b\n\x07GRANTED\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\x08\n\x04\x44ONE\x10\x02\"P\n\x10HeartbeatRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04read\x18\x04 \x01(\x04\":\n\x0bLeaseLimits\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\x12\x0f\n\x07horizon\x18\x03 \x01(\x04\"D\n\x0eHeartbeatReply\x12\x32\n\x06leases\x18\x01 \x03(\x0b\x32\".stoker.coordinator.v1.LeaseLimits\"N\n\x0e\x43onfirmRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\r\n\x05lease\x18\x03 \x01(\x04\x12\x0c\n\x04upto\x18\x04 \x01(\x04\"\"\n\x0c\x43onfirmReply\x12\x12\n\nlease_done\x18\x01 \x01(\x08\"4\n\x07Segment\x12\r\n\x05lease\x18\x01 \x01(\x04\x12\x0c\n\x04upto\x18\x02 \x01(\x04\x12\x0c\n\x04rows\x18\x03 \x01(\x04\"\x98\x01\n\x13\x43onfirmBatchRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x30\n\x08segments\x18\x04 \x03(\x0b\x32\x1e.stoker.coordinator.v1.Segment\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\r\n\x05\x63ount\x18\x06 \x01(\r\"\x8b\x01\n\x11\x43onfirmBatchReply\x12@\n\x07\x61nswers\x18\x01 \x03(\x0e\x32/.stoker.coordinator.v1.ConfirmBatchReply.Answer\"4\n\x06\x41nswer\x12\r\n\tCONFIRMED\x10\x00\x12\x0e\n\nLEASE_DONE\x10\x01\x12\x0b\n\x07REFUSED\x10\x02\"3\n\x11\x43heckpointRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x04\"6\n\x0f\x43heckpointReply\x12\x15\n\rsnapshot_json\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x10\n\x0e\x44\x61tasetRequest\"A\n\x0c\x44\x61tasetReply\x12\x15\n\rmanifest_json\x18\x01 \x01(\x0c\x12\r\n\x05index\x18\x02 \x01(\x0c\x12\x0b\n\x03url\x18\x03 \x01(\t\"\x0f\n\rStatusRequest\"\xbb\x01\n\x0bStatusReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\r\n\x05world\x18\x02 \x01(\r\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x04\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x0e\n\x06stream\x18\x05 \x01(\t\x12\r\n\x05quota\x18\x06 \x01(\x04\x12\x10\n\x08\x63onsumed\x18\x07 \x01(\x04\x12\x16\n\x0elive_consumers\x18\x08 \x01(\r\x12\x0e\n\x06steals\x18\t \x01(\x04\x12\x10\n\x08requeued\x18\n \x01(\x04\"#\n\x05Range\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\"]\n\x0cLocalRequest\x12\x10\n\x08\x63onsumer\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12,\n\x06ranges\x18\x03 \x03(\x0b\x32\x1c.stoker.coordinator.v1.Range\"\x0c\n\nLocalReply\"\x81\x02\n\x04\x43\x61ll\x12\x34\n\x05lease\x18\x01 \x01(\x0b\x32#.stoker.coordinator.v1.LeaseRequestH\x00\x12<\n\theartbeat\x18\x02 \x01(\x0b\x32\'.stoker.coordinator.v1.HeartbeatRequestH\x00\x12\x38\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32%.stoker.coordinator.v1.ConfirmRequestH\x00\x12\x43\n\rconfirm_batch\x18\x04 \x01(\x0b\x32*.stoker.coordinator.v1.ConfirmBatchRequestH\x00\x42\x06\n\x04kind\":\n\tCallError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xae\x02\n\x06Result\x12\x32\n\x05lease\x18\x01 \x01(\x0b\x32!.stoker.coordinator.v1.LeaseReplyH\x00\x12:\n\theartbeat\x18\x02 \x01(\x0b\x32%.stoker.coordinator.v1.HeartbeatReplyH\x00\x12\x36\n\x07\x63onfirm\x18\x03 \x01(\x0b\x32#.stoker.coordinator.v1.ConfirmReplyH\x00\x12\x41\n\rconfirm_batch\x18\x04 \x01(\x0b\x32(.stoker.coordinator.v1.ConfirmBatchReplyH\x00\x12\x31\n\x05\x65rror\x18\x05 \x01(\x0b\x32 .stoker.coordinator.v1.CallErrorH\x00\x42\x06\n\x04kind\":\n\x0c\x42\x61tchRequest\x12*\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1b.stoker.coordinator.v1.Call\"<\n\nBatchReply\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.stoker.coordinator.v1.Result2\xff\x06\n\x0b\x43oordinator\x12X\n\x08Register\x12&.stoker.coordinator.v1.RegisterRequest\x1a$.stoker.coordinator.v1.RegisterReply\x12O\n\x05Lease\x12#.stoker.coordinator.v1.LeaseRequest\x1a!.stoker.coordinator.v1.LeaseReply\x12[\n\tHeartbeat\x12\'.stoker.coordinator.v1.HeartbeatRequest\x1a%.stoker.coordinator.v1.HeartbeatReply\x12U\n\x07\x43onfirm\x12%.stoker.coordinator.v1.ConfirmRequest\x1a#.stoker.coordinator.v1.ConfirmReply\x12\x64\n\x0c\x43onfirmBatch\x12*.stoker.coordinator.v1.ConfirmBatchRequest\x1a(.stoker.coordinator.v1.ConfirmBatchReply\x12^\n\nCheckpoint\x12(.stoker.coordinator.v1.CheckpointRequest\x1a&.stoker.coordinator.v1.CheckpointReply\x12U\n\x07\x44\x61taset\x12%.stoker.coordinator.v1.DatasetRequest\x1a#.stoker.coordinator.v1.DatasetReply\x12R\n\x06Status\x12$.stoker.coordinator.v1.StatusRequest\x1a\".stoker.coordinator.v1.StatusReply\x12O\n\x05Local\x12#.stoker.coordinator.v1.LocalRequest\x1a!.stoker.coordinator.v1.LocalReply\x12O\n\x05\x42\x61tch\x12#.stoker.coordinator.v1.BatchRequest\x1a!.stoker.coordinator.v1.BatchReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -54,39 +54,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEGMENT']._serialized_start=809
   _globals['_SEGMENT']._serialized_end=861
   _globals['_CONFIRMBATCHREQUEST']._serialized_start=864
-  _globals['_CONFIRMBATCHREQUEST']._serialized_end=1001
-  _globals['_CONFIRMBATCHREPLY']._serialized_start=1004
-  _globals['_CONFIRMBATCHREPLY']._serialized_end=1143
-  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_start=1091
-  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_end=1143
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1145
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1196
-  _globals['_CHECKPOINTREPLY']._serialized_start=1198
-  _globals['_CHECKPOINTREPLY']._serialized_end=1252
-  _globals['_DATASETREQUEST']._serialized_start=1254
-  _globals['_DATASETREQUEST']._serialized_end=1270
-  _globals['_DATASETREPLY']._serialized_start=1272
-  _globals['_DATASETREPLY']._serialized_end=1337
-  _globals['_STATUSREQUEST']._serialized_start=1339
-  _globals['_STATUSREQUEST']._serialized_end=1354
-  _globals['_STATUSREPLY']._serialized_start=1357
-  _globals['_STATUSREPLY']._serialized_end=1544
-  _globals['_RANGE']._serialized_start=1546
-  _globals['_RANGE']._serialized_end=1581
-  _globals['_LOCALREQUEST']._serialized_start=1583
-  _globals['_LOCALREQUEST']._serialized_end=1676
-  _globals['_LOCALREPLY']._serialized_start=1678
-  _globals['_LOCALREPLY']._serialized_end=1690
-  _globals['_CALL']._serialized_start=1693
-  _globals['_CALL']._serialized_end=1950
-  _globals['_CALLERROR']._serialized_start=1952
-  _globals['_CALLERROR']._serialized_end=2010
-  _globals['_RESULT']._serialized_start=2013
-  _globals['_RESULT']._serialized_end=2315
-  _globals['_BATCHREQUEST']._serialized_start=2317
-  _globals['_BATCHREQUEST']._serialized_end=2375
-  _globals['_BATCHREPLY']._serialized_start=2377
-  _globals['_BATCHREPLY']._serialized_end=2437
-  _globals['_COORDINATOR']._serialized_start=2440
-  _globals['_COORDINATOR']._serialized_end=3335
+  _globals['_CONFIRMBATCHREQUEST']._serialized_end=1016
+  _globals['_CONFIRMBATCHREPLY']._serialized_start=1019
+  _globals['_CONFIRMBATCHREPLY']._serialized_end=1158
+  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_start=1106
+  _globals['_CONFIRMBATCHREPLY_ANSWER']._serialized_end=1158
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1160
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1211
+  _globals['_CHECKPOINTREPLY']._serialized_start=1213
+  _globals['_CHECKPOINTREPLY']._serialized_end=1267
+  _globals['_DATASETREQUEST']._serialized_start=1269
+  _globals['_DATASETREQUEST']._serialized_end=1285
+  _globals['_DATASETREPLY']._serialized_start=1287
+  _globals['_DATASETREPLY']._serialized_end=1352
+  _globals['_STATUSREQUEST']._serialized_start=1354
+  _globals['_STATUSREQUEST']._serialized_end=1369
+  _globals['_STATUSREPLY']._serialized_start=1372
+  _globals['_STATUSREPLY']._serialized_end=1559
+  _globals['_RANGE']._serialized_start=1561
+  _globals['_RANGE']._serialized_end=1596
+  _globals['_LOCALREQUEST']._serialized_start=1598
+  _globals['_LOCALREQUEST']._serialized_end=1691
+  _globals['_LOCALREPLY']._serialized_start=1693
+  _globals['_LOCALREPLY']._serialized_end=1705
+  _globals['_CALL']._serialized_start=1708
+  _globals['_CALL']._serialized_end=1965
+  _globals['_CALLERROR']._serialized_start=1967
+  _globals['_CALLERROR']._serialized_end=2025
+  _globals['_RESULT']._serialized_start=2028
+  _globals['_RESULT']._serialized_end=2330
+  _globals['_BATCHREQUEST']._serialized_start=2332
+  _globals['_BATCHREQUEST']._serialized_end=2390
+  _globals['_BATCHREPLY']._serialized_start=2392
+  _globals['_BATCHREPLY']._serialized_end=2452
+  _globals['_COORDINATOR']._serialized_start=2455
+  _globals['_COORDINATOR']._serialized_end=3350
 # @@protoc_insertion_point(module_scope)

@@ -122,18 +122,20 @@ class Segment(_message.Message):
     def __init__(self, lease: _Optional[int] = ..., upto: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class ConfirmBatchRequest(_message.Message):
-    __slots__ = ("consumer", "epoch", "seq", "segments", "batch_size")
+    __slots__ = ("consumer", "epoch", "seq", "segments", "batch_size", "count")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
     consumer: int
     epoch: int
     seq: int
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
     batch_size: int
-    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    count: int
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., batch_size: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ConfirmBatchReply(_message.Message):
     __slots__ = ("answers",)

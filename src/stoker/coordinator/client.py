@@ -126,7 +126,8 @@ class Status:
 
 @dataclass(slots=True)
 class ConfirmCall:
-    """One ConfirmBatch of a rank: its ``seq``-th batch of ``epoch``, whose rows are the
+    """One ConfirmBatch of a rank: its ``seq``-th batch of ``epoch`` (and, with
+    ``count``, the ones after it, each of ``batch_size`` rows), whose rows are the
     ``(lease, upto, rows)`` segments, read by ``consumer``."""
 
     consumer: int
@@ -134,6 +135,7 @@ class ConfirmCall:
     seq: int
     segments: list[tuple[int, int, int]]
     batch_size: int
+    count: int = 1
 
 
 class CoordinatorClient:
@@ -275,6 +277,7 @@ class CoordinatorClient:
                     seq=c.seq,
                     segments=[pb.Segment(lease=a, upto=u, rows=n) for a, u, n in c.segments],
                     batch_size=c.batch_size,
+                    count=c.count,
                 )
             )
             for c in calls

@@ -357,7 +357,13 @@ class LeaseTable:
         return done
 
     def confirm_batch(
-        self, consumer: int, seq: int, segments: list[list[int]], size: int, now: float
+        self,
+        consumer: int,
+        seq: int,
+        segments: list[list[int]],
+        size: int,
+        now: float,
+        count: int = 1,
     ) -> list[bool | None]:
         """Confirm the rows of one batch of the consumer's rank before it is handed out.
 
@@ -368,6 +374,11 @@ class LeaseTable:
         False (confirmed) or None (refused: drop those rows). The accepted rows go to
         the rank's log, which decides what training sees (:mod:`delivery`). An
         expired consumer's batch is refused whole (and still takes its number).
+
+        With ``count`` > 1 the call confirms the rank's batches ``seq`` to
+        ``seq + count - 1`` at once, each of ``size`` rows: the segments hold their
+        rows in order (``count * size`` in all), and each batch's accepted rows go to
+        the log as if it had been confirmed alone.
         """
         c = self.consumers.get(consumer)
         if c is None:
@@ -384,6 +395,12 @@ class LeaseTable:
             raise LeaseError(
                 "bad_range", f"batch size {size}, the job's is {self.batch_size or 'unset'}"
             )
+        if count < 1 or (count > 1 and sum(n for _, _, n in segments) != count * size):
+            raise LeaseError(
+                "bad_range",
+                f"{count} batches of {size} rows, but the segments hold "
+                f"{sum(n for _, _, n in segments)} rows",
+            )
         self.batch_size = size
         answer: list[bool | None] = []
         kept: delivery.Ranges = []
@@ -399,9 +416,11 @@ class LeaseTable:
             except LeaseError:
                 answer.append(None)
         c.last_seen = now
-        self.log[c.rank].append(kept)
-        self.log_rows[c.rank] += delivery.rows(kept)
+        batches = [kept] if count == 1 else _per_batch(segments, answer, size, count)
+        self.log[c.rank].extend(batches)
+        self.log_rows[c.rank] += sum(delivery.rows(b) for b in batches)
         self._answers[key] = answer
+        extra = {"count": count} if count > 1 else {}
         self._record(
             "batch",
             now,
@@ -409,6 +428,7 @@ class LeaseTable:
             seq=seq,
             segments=[list(x) for x in segments],
             size=size,
+            **extra,
         )
         return answer
 
@@ -588,3 +608,22 @@ class LeaseTable:
             "claimed": {k: list(v) for k, v in self.claimed.items()},
             "stream": self.stream,
         }
+
+
+def _per_batch(
+    segments: list[list[int]], answer: list[bool | None], size: int, count: int
+) -> list[delivery.Ranges]:
+    """The accepted rows of each of ``count`` batches of ``size`` rows whose rows are
+    ``segments`` in order (``answer`` per segment: None for refused)."""
+    out: list[delivery.Ranges] = [[] for _ in range(count)]
+    row = 0
+    for (_, upto, n), a in zip(segments, answer, strict=True):
+        lo = upto - n
+        while lo < upto:
+            j = row // size
+            take = min(upto - lo, (j + 1) * size - row)
+            if a is not None:
+                out[j].append((lo, lo + take))
+            lo += take
+            row += take
+    return out

@@ -322,6 +322,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             [[x.lease, x.upto, x.rows] for x in request.segments],
             request.batch_size,
             self._now(),
+            max(1, request.count),
         )
         codes = {True: pb.ConfirmBatchReply.LEASE_DONE, False: pb.ConfirmBatchReply.CONFIRMED}
         return pb.ConfirmBatchReply(
