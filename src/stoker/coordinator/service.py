@@ -35,6 +35,7 @@ from stoker import intervals, plan
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
 from stoker.coordinator.client import REASON_KEY
+from stoker.coordinator.commit import GroupCommit
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
 from stoker.coordinator.metrics import CoordinatorMetrics
@@ -89,13 +90,9 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.manifest_json, self.index, self.dataset_url = manifest_json, index, dataset_url
         self.clock = clock
         self.journal = Journal(state_url, job, storage_options)
-        self._lock = threading.Lock()  # the tables and the buffer
-        self._write_lock = threading.Lock()  # one journal write at a time
-        self._buffer: list[dict[str, Any]] = []
-        self._buffered = self._written = 0
-        self._stop = threading.Event()
-        self.write_interval = 0.05
-        self._taken = 0
+        self.commit = GroupCommit(self.journal)
+        self._lock = threading.Lock()  # the tables
+        self._taken = 0  # the current table's events handed to the commit
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
         self.metrics = CoordinatorMetrics()
         self._handlers: dict[str, Any] = {
@@ -151,36 +148,15 @@ class Coordinator(pb_grpc.CoordinatorServicer):
 
     # -- journal (group commit) ---------------------------------------------------------
     def _flush(self) -> int:
-        """Move the table's new events to the journal buffer (call with the lock held);
+        """Hand the table's new events to the group commit (call with the lock held);
         returns how many events have been buffered in all, to wait for with :meth:`_sync`."""
         new = self.table.events[self._taken :]
-        if new:
-            self._buffer.extend(e.to_json() for e in new)
-            self._buffered += len(new)
-            self._taken = len(self.table.events)
-        return self._buffered
+        self._taken = len(self.table.events)
+        return self.commit.add(new) if new else self.commit.buffered
 
     def _sync(self, upto: int) -> None:
-        """Return once the first ``upto`` buffered events are in the journal.
-
-        Callers that wait here together are written as one segment (group commit):
-        the first one to get the write lock writes everything buffered so far.
-        """
-        with self._write_lock:
-            if self._written >= upto:
-                return
-            with self._lock:
-                batch, self._buffer = self._buffer, []
-            if batch:
-                self.journal.append(batch)
-                self._written += len(batch)
-
-    def _writer(self) -> None:
-        """Write what calls that need not wait left behind, every ``write_interval``."""
-        while not self._stop.wait(self.write_interval):
-            with self._lock:
-                target = self._buffered
-            self._sync(target)
+        """Return once the first ``upto`` buffered events are in the journal."""
+        self.commit.sync(upto)
 
     def _now(self) -> float:
         return float(self.clock())
@@ -250,14 +226,12 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         return gone
 
     def start_writer(self) -> None:
-        threading.Thread(target=self._writer, daemon=True, name="stoker-journal").start()
+        self.commit.start()
 
     def close(self) -> None:
-        self._stop.set()
         with self._lock:
-            target = self._buffered
-        self._sync(target)
-        self.journal.close()
+            self._flush()
+        self.commit.close()
 
     # -- RPCs ---------------------------------------------------------------------------
     def Register(
