@@ -161,3 +161,28 @@ class TestLeaseStream(PositionSourceTests):
                 assert (status.quota, status.consumed) == (N, done)
         assert done == N - last  # every batch but the last was counted in epoch 0
         assert client.status().epoch == 1
+
+
+class TestLeaseStreamAskingAhead(TestLeaseStream):
+    """A consumer that asks for its next lease half way through the one it reads (what
+    the loader's consumers do): the same behaviours, and it knows what follows."""
+
+    @pytest.fixture
+    def source(self, client: CoordinatorClient) -> PositionSource:
+        return LeaseStream(client, rank=0, worker=0, ahead=True)
+
+    def test_it_holds_two_leases_at_most_and_asks_ahead_once_per_lease(
+        self, source: PositionSource, client: CoordinatorClient
+    ) -> None:
+        assert isinstance(source, LeaseStream)
+        most = 0
+        across = 0  # batches after which upcoming() reached into the next lease
+        for _, segments in self.one_pass(source):
+            held = [k for k, h in source._held.items() if h.read < h.end]
+            most = max(most, len(held))
+            ahead = source.upcoming(2 * LEASE)
+            last = source._held.get(segments[-1][0])
+            if last is not None and len(ahead) and ahead[-1] >= last.end:
+                across += 1
+        assert most <= 2
+        assert across > 0

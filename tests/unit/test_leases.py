@@ -82,7 +82,10 @@ class LeaseMachine(RuleBasedStateMachine):
             return
         c = self.table.consumers[cid]
         before = {lid: (ls.end, max(ls.horizon, ls.read)) for lid, ls in self.table.leases.items()}
-        grant = self.table.request(cid, self._tick(dt))
+        ahead = data.draw(hs.booleans())  # asked early: from the queue or WAIT, never a steal
+        grant = self.table.request(cid, self._tick(dt), ahead=ahead)
+        if ahead:
+            assert grant is WAIT or (grant is not None and grant.stolen_from is None)
         if grant is None:
             assert self.table.assigned[c.rank] == self.table.quota
         elif grant is not WAIT:
@@ -277,6 +280,30 @@ def test_an_idle_consumer_steals_from_the_slowest() -> None:
     rs, rf = t.consumers[slow].rate, t.consumers[fast].rate
     assert rf > 5 * rs
     assert 100 - c.start == round((100 - horizon) * rf / (rf + rs))
+
+
+def test_a_lease_asked_for_ahead_comes_from_the_queue_and_never_by_stealing() -> None:
+    cfg = Config(lease_size=100, timeout=60, readahead_seconds=1.0, min_readahead=4)
+    t = LeaseTable(0, [(0, 250)], world=1, config=cfg)
+    slow, fast = t.register(0, 0, 0.0), t.register(0, 1, 0.0)
+    a = t.request(slow, 0.0)
+    b = t.request(fast, 0.0)
+    c = t.request(fast, 0.0, held=[b.lease], ahead=True)  # the queue's rest: 200..250
+    assert (c.start, c.end, c.stolen_from) == (200, 250, None)
+    assert t.consumers[fast].leases == [b.lease, c.lease]
+    steals = t.steals
+    # the queue is empty: asked ahead, it waits (a plain request would steal from slow)
+    assert t.request(fast, 0.1, held=[b.lease, c.lease], ahead=True) is WAIT
+    assert t.steals == steals and t.leases[a.lease].end == 100
+    # a lost ahead grant is granted again first, ahead or not
+    again = t.request(fast, 0.2, held=[b.lease], ahead=True)
+    assert again is not None and again is not WAIT and again.lease == c.lease
+    # the journal replays to the same table
+    back = LeaseTable.replay(t.events, cfg)
+    assert {k: (v.start, v.end) for k, v in back.leases.items()} == {
+        k: (v.start, v.end) for k, v in t.leases.items()
+    }
+    assert any(e.kind == "request" and e.args.get("ahead") for e in t.events)
 
 
 def test_silent_consumer_is_requeued_and_its_late_confirm_refused() -> None:

@@ -34,14 +34,16 @@ class RegisterReply(_message.Message):
     def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., origin: _Optional[str] = ..., first_step: _Optional[int] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("consumer", "epoch", "held")
+    __slots__ = ("consumer", "epoch", "held", "ahead")
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     consumer: int
     epoch: int
     held: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[int]] = ...) -> None: ...
+    ahead: bool
+    def __init__(self, consumer: _Optional[int] = ..., epoch: _Optional[int] = ..., held: _Optional[_Iterable[int]] = ..., ahead: _Optional[bool] = ...) -> None: ...
 
 class LeaseReply(_message.Message):
     __slots__ = ("status", "lease", "start", "end", "horizon")

@@ -225,9 +225,12 @@ class CoordinatorClient:
         self.first_step = int(r.first_step)
         return int(r.consumer), int(r.epoch)
 
-    def lease(self, consumer: int, epoch: int, held: list[int]) -> Grant:
-        """A lease for ``consumer`` (which holds the leases ``held``)."""
-        r = self._call("Lease", pb.LeaseRequest(consumer=consumer, epoch=epoch, held=held))
+    def lease(self, consumer: int, epoch: int, held: list[int], ahead: bool = False) -> Grant:
+        """A lease for ``consumer`` (which holds the leases ``held``); ``ahead``: asked
+        early, while it still reads one (a fresh lease from the queue or ``"wait"``)."""
+        r = self._call(
+            "Lease", pb.LeaseRequest(consumer=consumer, epoch=epoch, held=held, ahead=ahead)
+        )
         return Grant(
             _GRANT_STATUS[r.status], int(r.lease), int(r.start), int(r.end), int(r.horizon)
         )

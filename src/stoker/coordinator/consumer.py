@@ -32,6 +32,7 @@ class _Held:
     end: int
     horizon: int
     read: int
+    start: int
 
 
 class LeaseStream:
@@ -49,14 +50,19 @@ class LeaseStream:
         max_epoch: int | None = None,
         node: str = "",
         local: Callable[[int], list[tuple[int, int]]] | None = None,
+        ahead: bool = False,
     ) -> None:
         """``node`` names the consumer's cache; ``local(epoch)`` gives the positions of
         ``epoch`` that cache holds, reported once registered (locality). With
         ``max_epoch``, a consumer that could only register in a later epoch (its rank's
         other consumers finished this one meanwhile) hands out nothing: the rank's pass
-        is one epoch."""
+        is one epoch. With ``ahead``, the consumer asks for its next lease once it has
+        read half of the one it reads (a fresh one from the queue, if there is one), so
+        that :meth:`upcoming` can tell the reader what follows the lease's end."""
         self.client = client
         self.wait = wait
+        self.ahead = ahead
+        self._asked: int | None = None  # the lease during which the next one was asked for
         self.max_epoch = max_epoch
         self._who = (rank, worker, node, stream, local)
         self.reregistered = 0
@@ -127,21 +133,44 @@ class LeaseStream:
             if r is None:
                 continue  # registered again
             if r.status == "granted":
-                self._held[int(r.lease)] = _Held(int(r.end), int(r.horizon), int(r.start))
-                self._granted.add(int(r.lease))
+                self._hold(r)
                 continue
             if r.status == "done":
                 return None
             time.sleep(self.wait)  # WAIT: every position is in someone's lease; ask again
             self._update(self._call(self.client.heartbeat))
 
+    def _hold(self, r: Any) -> None:
+        self._held[int(r.lease)] = _Held(int(r.end), int(r.horizon), int(r.start), int(r.start))
+        self._granted.add(int(r.lease))
+
+    def _ask_ahead(self, lease: int, h: _Held) -> None:
+        """Past half of ``lease`` with nothing else held: ask for the next one now."""
+        if self._asked == lease or 2 * (h.end - h.read) > h.end - h.start:
+            return
+        if any(k != lease and o.read < o.end for k, o in self._held.items()):
+            return
+        self._asked = lease
+        r = self._call(self.client.lease, sorted(self._granted), True)
+        if r is not None and r.status == "granted":
+            self._hold(r)
+
     def upcoming(self, limit: int) -> np.ndarray:
         """Up to ``limit`` positions this consumer reads next, as far as it knows: the rest
-        of the lease its last batch ended in (to plan prefetching; part may be stolen)."""
+        of the lease its last batch ended in, then the other leases it holds, in the
+        order it reads them (to plan prefetching; part may be stolen)."""
         h = self._held.get(self._last) if self._last is not None else None
         if h is None:
             return np.zeros(0, dtype=np.int64)
-        return np.arange(h.read, min(h.end, h.read + limit), dtype=np.int64)
+        parts = [np.arange(h.read, min(h.end, h.read + limit), dtype=np.int64)]
+        have = len(parts[0])
+        for lease, o in sorted(self._held.items()):
+            if have >= limit:
+                break
+            if lease != self._last and o.read < o.end:
+                parts.append(np.arange(o.read, min(o.end, o.read + limit - have), dtype=np.int64))
+                have += len(parts[-1])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def batches(self, size: int) -> Iterator[tuple[np.ndarray, list[tuple[int, int, int]]]]:
         """``(positions, segments)`` of up to ``size`` positions; the last may be shorter.
@@ -153,10 +182,14 @@ class LeaseStream:
         segments: list[tuple[int, int, int]] = []
         have = 0
         while True:
-            lease = self._next_lease()
-            if lease is None:
-                break
-            h = self._held[lease]
+            # the lease the last batch ended in, while it has positions left (most batches)
+            lease = self._last
+            h = self._held.get(lease) if lease is not None else None
+            if lease is None or h is None or h.read >= h.end:
+                lease = self._next_lease()
+                if lease is None:
+                    break
+                h = self._held[lease]
             if h.read >= h.horizon:  # at the read horizon: report, and get more read-ahead
                 self._update(self._call(self.client.heartbeat, lease, h.read))
                 continue
@@ -166,11 +199,13 @@ class LeaseStream:
             segments.append((lease, upto, upto - h.read))
             have += upto - h.read
             h.read = upto
+            if self.ahead:
+                self._ask_ahead(lease, h)
             if have == size:
                 # the next batch would reach the horizon, and the lease goes on past it
                 if h.horizon - h.read < size and h.horizon < h.end:
                     self._update(self._call(self.client.heartbeat, lease, upto))
-                yield np.concatenate(parts), segments
+                yield parts[0] if len(parts) == 1 else np.concatenate(parts), segments
                 parts, segments, have = [], [], 0
         if have:
             yield np.concatenate(parts), segments

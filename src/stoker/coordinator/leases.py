@@ -198,10 +198,16 @@ class LeaseTable:
         return ls
 
     # -- granting ----------------------------------------------------------------------
-    def request(self, consumer: int, now: float, held: list[int] | None = None) -> Grant | None:
+    def request(
+        self, consumer: int, now: float, held: list[int] | None = None, ahead: bool = False
+    ) -> Grant | None:
         """A lease for ``consumer``; :data:`WAIT` when none is free yet; None when nothing
         more will come to it this epoch (its rank has all its positions, and no other
         consumer of the rank has a part worth splitting).
+
+        ``ahead``: the consumer still has positions to read and asks early, to plan its
+        reads: only a fresh lease from the queue, else :data:`WAIT` (no steal, no None:
+        it asks again, plainly, once it has read what it holds).
 
         ``held`` lists the leases the consumer knows it holds (None: do not check): a
         lease granted to it whose answer was lost (a coordinator killed before
@@ -219,12 +225,19 @@ class LeaseTable:
                 break
         if grant is None:
             room = self.quota - self.assigned[c.rank]
-            if room > 0:
+            if ahead:
+                grant = (self._from_queue(c, room) if room > 0 else None) or WAIT
+            elif room > 0:
                 grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
             else:
                 grant = self._steal(c, 0)  # within the rank: its count does not change
+        extra = {"ahead": True} if ahead else {}
         self._record(
-            "request", now, consumer=consumer, held=None if held is None else sorted(known)
+            "request",
+            now,
+            consumer=consumer,
+            held=None if held is None else sorted(known),
+            **extra,
         )
         return grant
 

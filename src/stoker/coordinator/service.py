@@ -267,7 +267,9 @@ class Coordinator(pb_grpc.CoordinatorServicer):
 
     # -- the calls, on the table (with the lock held) ------------------------------------
     def _lease(self, request: pb.LeaseRequest) -> pb.LeaseReply:
-        g = self._table(request.epoch).request(request.consumer, self._now(), list(request.held))
+        g = self._table(request.epoch).request(
+            request.consumer, self._now(), list(request.held), request.ahead
+        )
         if g is None:
             return pb.LeaseReply(status=pb.LeaseReply.DONE)
         if g is WAIT:

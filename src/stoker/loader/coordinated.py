@@ -144,6 +144,7 @@ class CoordinatedEpoch:
                 min_epoch=epoch,
                 max_epoch=epoch,
                 stream=stream,
+                ahead=True,  # the reader plans the next lease's blocks before it begins
                 **locality,
             ),
             samples=ds.stream().samples,
