@@ -248,7 +248,8 @@ class Confirmer:
         self.client, self.size, self.gather = client, size, gather
         self.seq = 0
         self._queue: deque[ConfirmCall] = deque()
-        self._answers: deque[list[bool | None] | BaseException] = deque()
+        #: answers not yet taken, in order (its length is :meth:`answered`)
+        self.answers: deque[list[bool | None] | BaseException] = deque()
         self._cv = threading.Condition()
         self._idle = False  # the thread waits for work
         self._urgent = False  # the rank waits for an answer
@@ -268,21 +269,21 @@ class Confirmer:
 
     def answered(self) -> int:
         """Answers ready to :meth:`take`."""
-        return len(self._answers)
+        return len(self.answers)
 
     def take(self) -> list[bool | None]:
         """The next batch's answer per segment (True: lease complete, False: confirmed,
         None: refused); raises what its confirm raised."""
-        if not self._answers:
+        if not self.answers:
             with self._cv:
                 self._urgent = True
                 self._cv.notify_all()
-                while not self._answers:
+                while not self.answers:
                     if not self._thread.is_alive():
                         raise RuntimeError("the confirm thread ended")
                     self._cv.wait(0.1)
                 self._urgent = False
-        answer = self._answers.popleft()
+        answer = self.answers.popleft()
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -323,7 +324,7 @@ class Confirmer:
                 merged = [exc] * len(calls)
             results = split_answers(merged, parts)
             with self._cv:
-                self._answers.extend(results)
+                self.answers.extend(results)
                 self._cv.notify_all()
 
     def close(self) -> None:

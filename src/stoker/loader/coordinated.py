@@ -95,28 +95,37 @@ class CoordinatedEpoch:
         window = confirm_window(self.prefetch, B * self.ds.layout.row_bytes())
         confirmer = Confirmer(self.client, B, gather=max(1, window // 2))
 
-        def hand_out() -> Iterator[Batch]:
+        def hand_out() -> Batch | None:
+            """The next pending batch once confirmed: full, or None (held back)."""
             batch, segments = pending.popleft()
             out = self._keep(batch, segments, confirmer.take())
-            if len(out["sample_id"]) == B:
+            rows = len(out["sample_id"])
+            if rows == B:
                 self.delivered += B
                 self.batches += 1
-                yield out
-            elif len(out["sample_id"]):
+                return out
+            if rows:
                 held.append(out)
+            return None
 
+        answers = confirmer.answers  # read per batch: a deque, not a call
+        ready = self.ready
         try:
             for consumer, batch, segments in self._produce():
                 assert self.epoch is not None
                 confirmer.submit(self.epoch, consumer, segments)
                 pending.append((batch, segments))
                 # hand out what is confirmed; wait for a confirm only with `window` queued
-                while pending and (confirmer.answered() or len(pending) > window):
-                    if self.ready is not None:
-                        self.ready(len(pending) - 1)
-                    yield from hand_out()
+                while pending and (answers or len(pending) > window):
+                    if ready is not None:
+                        ready(len(pending) - 1)
+                    out = hand_out()
+                    if out is not None:
+                        yield out
             while pending:
-                yield from hand_out()
+                out = hand_out()
+                if out is not None:
+                    yield out
         finally:
             confirmer.close()
         if held:
@@ -156,9 +165,12 @@ class CoordinatedEpoch:
             rank=self.rank, ordered=False, name="stoker-lease-worker",
         )  # fmt: skip
         try:
+            seen = None
             for got in pool.batches():
                 began = pool.began[got.worker]
-                self._began(began.epoch, began.first_step)
+                if began is not seen:  # a consumer (re)registered: check its epoch once
+                    seen = began
+                    self._began(began.epoch, began.first_step)
                 if began.epoch != self.epoch:  # (LeaseStream's max_epoch keeps this from happening)
                     raise StokerError(
                         f"loader worker {got.worker} read epoch {began.epoch} in a pass of epoch "
