@@ -223,6 +223,26 @@ def test_reader_started_agent_and_warm_restart(
         assert_exactly_once(ids, dataset.num_samples(SEQ_LEN))
 
 
+def test_a_reader_reads_storage_itself_while_the_agent_it_started_starts(
+    serve_dir, dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    _, url = serve_dir(dataset.path)
+    cache = tmp_path / "cache"
+    agents.dirs.append(cache)
+    client = AgentClient(cache)
+    ds = dataset.manifest.dataset_id
+    client.open(url, None, ds)  # starts the agent and does not wait for it
+    got = client.get(ds, 0)
+    assert not got.pinned and not got.record  # read it yourself: the agent is starting
+    client.plan(ds, [1, 2])
+    client.hand_over(ds)  # waits for the agent, which loads block 0 for the node
+    assert 0 in client.holdings(ds)
+    assert client.get(ds, 1).pinned
+    client.release(ds, [1])
+    assert client.stats()["decodes"] >= 2 and not client.falling_back
+    client.close()
+
+
 def _wait_gone(pid: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

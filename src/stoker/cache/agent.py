@@ -1,11 +1,14 @@
 """The node agent: one process per machine owns the cache every local reader reads through.
 
 Readers (each rank, each DataLoader worker) connect over a Unix socket
-(:mod:`stoker.cache.wire`, messages in ``proto/agent.proto``). For a block they
-get back the name of a file in shared memory holding it decoded; they map it
-read-only, so a block is fetched once and decoded once per machine however
-many processes read it. Behind the memory tier, a disk tier keeps the verified
-compressed records across restarts.
+(:mod:`stoker.cache.server` accepts and serves the connections and dispatches
+their requests, :mod:`stoker.cache.wire` frames them, messages in
+``proto/agent.proto``). For a block they get back the name of a file in shared
+memory holding it decoded; they map it read-only, so a block is fetched once
+and decoded once per machine however many processes read it. Behind the memory
+tier, a disk tier keeps the verified compressed records across restarts. This
+module is what a request does to blocks: the tiers, single flight (one load per
+block however many ask) and prefetch along the readers' plans.
 
 The agent owns its files outright: a lock held with ``flock`` (dropped by the
 kernel when the agent dies) admits one agent per cache directory; pins belong
@@ -22,25 +25,23 @@ import fcntl
 import json
 import logging
 import os
-import queue
-import socket
-import struct
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from stoker import errors
 from stoker._proto import agent_pb2 as pb
-from stoker.cache import wire
 from stoker.cache.config import FRAME_TIMEOUT, MAX_CONNECTIONS, AgentConfig
 from stoker.cache.layout import decoded_size, write_decoded
 from stoker.cache.paths import AgentPaths
 from stoker.cache.remote import RateLimiter, RemoteStorage
+from stoker.cache.server import AgentServer
 from stoker.cache.table import TierTable
 from stoker.cache.tiers import DiskTier, Key
-from stoker.errors import AgentError, AgentRunningError, ConfigError, StokerError
+from stoker.errors import AgentError, AgentRunningError, ConfigError
 from stoker.formats.tokens import TokenSource
 from stoker.observe.agent import AgentCollector, Counters
 
@@ -67,6 +68,104 @@ class _Dataset:
 
     def size(self, block: int) -> int:
         return decoded_size(self.source.manifest.block_len(block), self.itemsize)
+
+
+class _LaterPuts:
+    """The disk tier as a dataset's cache, written behind: a load makes its block ready in
+    memory and answers its readers first; its record then goes to a queue that one
+    writer thread, at a low scheduling priority, writes to disk (so keeping records
+    across restarts takes the cores the readers leave idle). Records in the queue are
+    served from it; past ``max_queued`` bytes in it a load writes its own record;
+    :meth:`drain` writes what is left (the agent's stop)."""
+
+    def __init__(self, disk: DiskTier, max_queued: int = 256 << 20) -> None:
+        self.disk = disk
+        self.max_queued = max_queued
+        self._local = threading.local()
+        self._cond = threading.Condition()
+        self._queued: dict[str, bytes] = {}  # written by the writer in insertion order
+        self._bytes = 0
+        self._writing = 0
+        self._writer: threading.Thread | None = None
+
+    def get(self, key: str) -> bytes | None:
+        with self._cond:
+            data = self._queued.get(key)
+        return data if data is not None else self.disk.get(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        pending: list[tuple[str, bytes]] | None = getattr(self._local, "pending", None)
+        if pending is None:
+            self.disk.put(key, data)  # not inside a load: at once
+        else:
+            pending.append((key, data))
+
+    def discard(self, key: str) -> None:
+        with self._cond:
+            data = self._queued.pop(key, None)
+            if data is not None:
+                self._bytes -= len(data)
+        self.disk.discard(key)
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[list[tuple[str, bytes]]]:
+        """Inside: this thread's puts wait in the list; :meth:`flush` it afterwards."""
+        pending: list[tuple[str, bytes]] = []
+        self._local.pending = pending
+        try:
+            yield pending
+        finally:
+            self._local.pending = None
+
+    def flush(self, pending: list[tuple[str, bytes]]) -> None:
+        """Queue ``pending`` for the writer (or write it here when the queue is full)."""
+        for key, data in pending:
+            with self._cond:
+                if self._bytes + len(data) <= self.max_queued and key not in self._queued:
+                    self._queued[key] = data
+                    self._bytes += len(data)
+                    if self._writer is None:
+                        self._writer = threading.Thread(
+                            target=self._write_loop, daemon=True, name="stoker-disk-writer"
+                        )
+                        self._writer.start()
+                    self._cond.notify()
+                    continue
+            self.disk.put(key, data)
+        pending.clear()
+
+    def _write_loop(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # Linux: this thread only
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        while True:
+            with self._cond:
+                while not self._queued:
+                    self._cond.wait()
+                key = next(iter(self._queued))
+                data = self._queued[key]
+                self._writing += 1
+            try:
+                self.disk.put(key, data)
+            except Exception:  # a record not kept on disk is fetched again when needed
+                log.exception("disk tier write of %s failed", key)
+            finally:
+                with self._cond:
+                    if self._queued.get(key) is data:
+                        del self._queued[key]
+                        self._bytes -= len(data)
+                    self._writing -= 1
+                    self._cond.notify_all()
+
+    def drain(self, timeout: float = 60.0) -> None:
+        """Wait until the writer has written every queued record (up to ``timeout`` s)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._queued or self._writing) and self._writer is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("%d records not written to the disk tier", len(self._queued))
+                    return
+                self._cond.wait(left)
 
 
 class _Load:
@@ -125,6 +224,7 @@ class Agent:
         self.paths = AgentPaths(cache_dir, shm_root)
         self.counters = Counters()
         self.disk = DiskTier(self.paths, cache_limit, self.counters)
+        self._records = _LaterPuts(self.disk)  # what the datasets read through
         self.memory = TierTable(shm_limit)
         # prefetch looks this far into a reader's plan (default: half the memory tier)
         self.prefetch_bytes = shm_limit // 2 if prefetch_bytes is None else prefetch_bytes
@@ -138,17 +238,14 @@ class Agent:
         self._next_client = 1
         self._clients: set[int] = set()
         self._lock_fd: int | None = None
-        self._sock: socket.socket | None = None
-        self._stopping = threading.Event()
         self._shm_ok = shm_limit > 0
         self._shm_warned = False
         self.metrics_address: tuple[str, int] | None = None
         self.idle_exit = idle_exit  # exit after this many seconds without a reader
         self.max_connections = max_connections
         self.frame_timeout = frame_timeout
-        self._refusals: queue.Queue[socket.socket] = queue.Queue(maxsize=64)
-        self._refuser: threading.Thread | None = None
         self._last_active = time.monotonic()
+        self._server = AgentServer(self)  # the socket: accept, serve, dispatch, refuse
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -156,7 +253,9 @@ class Agent:
         p = self.paths
         p.cache_dir.mkdir(parents=True, exist_ok=True)
         if not p.marker.exists():
-            stray = [f.name for f in p.cache_dir.iterdir() if f.name not in ("agent.log",)]
+            stray = [
+                f.name for f in p.cache_dir.iterdir() if f.name not in ("agent.log", "agent.spawn")
+            ]
             if stray:
                 raise AgentError(
                     f"{p.cache_dir} holds files that are not a stoker cache ({', '.join(stray[:3])}"
@@ -182,18 +281,7 @@ class Agent:
         p.socket.unlink(missing_ok=True)
         self._prepare_shm()
         adopted = self.disk.scan()
-        if len(str(p.socket)) > 100:
-            raise ConfigError(
-                f"socket path {p.socket} is too long for AF_UNIX; use a shorter cache_dir"
-            )
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # the socket is private to this user
-        try:
-            sock.bind(str(p.socket))
-        finally:
-            os.umask(old)
-        sock.listen(128)
-        self._sock = sock
+        self._server.listen()
         if self.metrics_port is not None:
             self._start_metrics(self.metrics_port)
         log.info(
@@ -222,162 +310,56 @@ class Agent:
             self._warn_shm(f"memory tier off: {shm} is not usable ({exc})")
 
     def serve_forever(self) -> None:
-        assert self._sock is not None, "call start() first"
-        self._sock.settimeout(1.0)
-        while not self._stopping.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                with self._lock:
-                    idle = not self._clients and self.idle_exit is not None
-                    quiet = time.monotonic() - self._last_active
-                if idle and self.idle_exit is not None and quiet > self.idle_exit:
-                    log.info("no reader for %.0f s: exiting", quiet)
-                    break
-                continue
-            except OSError:
-                break
-            with self._lock:
-                full = len(self._clients) >= self.max_connections
-            if full:
-                self._refuse(conn)
-                continue
-            with self._lock:
-                client = self._next_client
-                self._next_client += 1
-                self._clients.add(client)
-                self._last_active = time.monotonic()
-            self.counters.add("connections")
-            threading.Thread(
-                target=self._serve, args=(conn, client), daemon=True, name=f"stoker-client-{client}"
-            ).start()
+        """Serve readers until :meth:`stop` (or ``idle_exit`` seconds without one)."""
+        self._server.serve_forever()
+
+    # -- readers (the server's calls) -------------------------------------------------
+    def idle_for(self) -> float | None:
+        """Seconds since the last reader left when none is connected and the agent exits
+        when idle (``idle_exit``); None otherwise."""
+        with self._lock:
+            idle = not self._clients and self.idle_exit is not None
+            quiet = time.monotonic() - self._last_active
+        return quiet if idle else None
+
+    def admit(self) -> int | None:
+        """A number for a new reader connection; None when ``max_connections`` are served."""
+        with self._lock:
+            if len(self._clients) >= self.max_connections:
+                return None
+            client = self._next_client
+            self._next_client += 1
+            self._clients.add(client)
+            self._last_active = time.monotonic()
+        self.counters.add("connections")
+        return client
+
+    def leave(self, client: int) -> None:
+        """Reader connection ``client`` closed: its pins go."""
+        with self._lock:
+            released = self.memory.drop_client(client)
+            self._clients.discard(client)
+            self._last_active = time.monotonic()
+        if released:
+            self.counters.add("pins_released_on_disconnect", released)
+
+    def release(self, dataset_id: str, blocks: list[int], client: int) -> None:
+        """``client`` no longer holds ``blocks``."""
+        with self._lock:
+            for b in blocks:
+                self.memory.unpin((dataset_id, int(b)), client)
 
     def stop(self) -> None:
         """Stop serving and remove the memory tier (decoded blocks die with their agent;
         readers keep what they have mapped). The disk tier stays for the next agent."""
-        self._stopping.set()
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
-            self._sock.close()
-            self._sock = None
-            self.paths.socket.unlink(missing_ok=True)
+        self._server.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._records.drain()  # what loads left for the disk tier, while the lock is held
         if self._shm_ok and self._lock_fd is not None:
             remove_tree(self.paths.shm)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-
-    # -- connections -----------------------------------------------------------------
-    def _refuse(self, conn: socket.socket) -> None:
-        """Hand a connection past :attr:`max_connections` to the refusing thread (it reads
-        the hello, answers with an error and closes); closed at once when that is busy."""
-        self.counters.add("connections_refused")
-        if self._refuser is None:
-            self._refuser = threading.Thread(
-                target=self._refuse_loop, daemon=True, name="stoker-refuse"
-            )
-            self._refuser.start()
-        try:
-            self._refusals.put_nowait(conn)
-        except queue.Full:
-            conn.close()
-
-    def _refuse_loop(self) -> None:
-        error = pb.Response(
-            id=0,
-            error=f"the agent serves {self.max_connections} connections already "
-            "(--max-connections)",
-            error_kind="AgentError",
-        )
-        while True:
-            conn = self._refusals.get()
-            with conn, contextlib.suppress(OSError):
-                conn.settimeout(1.0)
-                with contextlib.suppress(wire.ProtocolError):
-                    wire.recv(conn, pb.Request, wire.MAX_REQUEST, 1.0)
-                wire.send(conn, error)
-
-    def _recv(self, conn: socket.socket) -> pb.Request:
-        return wire.recv(conn, pb.Request, wire.MAX_REQUEST, self.frame_timeout)
-
-    def _serve(self, conn: socket.socket, client: int) -> None:
-        try:
-            with conn:
-                # the hello must come within the frame deadline of connecting; later frames
-                # may be far apart (a reader between epochs), each must be quick once begun
-                conn.settimeout(self.frame_timeout)
-                hello = self._recv(conn)
-                conn.settimeout(None)
-                # a reader that does not take its answers must not hold this thread either
-                secs = int(self.frame_timeout)
-                usecs = int((self.frame_timeout - secs) * 1e6)
-                conn.setsockopt(
-                    socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", secs, usecs)
-                )
-                if (
-                    hello.WhichOneof("kind") != "hello"
-                    or hello.hello.protocol != wire.PROTOCOL_VERSION
-                ):
-                    wire.send(
-                        conn,
-                        pb.Response(
-                            id=hello.id,
-                            error=f"protocol mismatch: agent speaks version {wire.PROTOCOL_VERSION}",
-                            error_kind="AgentError",
-                        ),
-                    )
-                    return
-                wire.send(conn, pb.Response(id=hello.id, ack=pb.Ack()))
-                while True:
-                    req = self._recv(conn)
-                    wire.send(conn, self._handle(req, client))
-        except wire.ProtocolError as exc:
-            self.counters.add("bad_frames")
-            n = self.counters.values["bad_frames"]
-            if n == 1 or n % 1000 == 0:  # a flood of garbage must not flood the log
-                log.warning("dropped reader connection %d: %s (%d so far)", client, exc, n)
-        except (ConnectionError, OSError):
-            pass  # the reader went away (or was killed): its pins go below
-        finally:
-            with self._lock:
-                released = self.memory.drop_client(client)
-                self._clients.discard(client)
-                self._last_active = time.monotonic()
-            if released:
-                self.counters.add("pins_released_on_disconnect", released)
-
-    def _handle(self, req: pb.Request, client: int) -> pb.Response:
-        kind = req.WhichOneof("kind")
-        try:
-            if kind == "open":
-                return pb.Response(id=req.id, opened=pb.Opened(dataset_id=self._open(req.open)))
-            if kind == "get":
-                return pb.Response(
-                    id=req.id, block=self._get(req.get.dataset_id, req.get.block, client)
-                )
-            if kind == "release":
-                ds = req.release.dataset_id
-                with self._lock:
-                    for b in req.release.blocks:
-                        self.memory.unpin((ds, int(b)), client)
-                return pb.Response(id=req.id, ack=pb.Ack())
-            if kind == "plan":
-                self._plan(req.plan.dataset_id, [int(b) for b in req.plan.blocks], client)
-                return pb.Response(id=req.id, ack=pb.Ack())
-            if kind == "stats":
-                return pb.Response(id=req.id, stats=pb.Stats(json=json.dumps(self.stats())))
-            if kind == "holdings":
-                return pb.Response(
-                    id=req.id, held=pb.Held(blocks=self.holdings(req.holdings.dataset_id))
-                )
-            raise AgentError(f"unknown request {kind!r}")
-        except Exception as exc:
-            if not isinstance(exc, StokerError):
-                log.exception("request %s failed", kind)
-            error_kind, text, _ = errors.encode(exc)  # "" for an error that is not stoker's
-            return pb.Response(id=req.id, error=text, error_kind=error_kind)
 
     # -- datasets ----------------------------------------------------------------------
     def _open(self, req: pb.Open) -> str:
@@ -387,7 +369,7 @@ class Agent:
             return ds.id
         options = json.loads(req.storage_options_json) if req.storage_options_json else None
         storage = RemoteStorage(req.url, options, self._remote_slots, self._limiter, self.counters)
-        source = TokenSource(req.url, options, cache=self.disk, storage=storage)
+        source = TokenSource(req.url, options, cache=self._records, storage=storage)
         got = source.manifest.dataset_id
         if req.dataset_id and got != req.dataset_id:
             raise errors.DatasetError(
@@ -459,6 +441,13 @@ class Agent:
         return load
 
     def _load(self, ds: _Dataset, block: int, reserved: bool, load: _Load) -> None:
+        with self._records.holding() as pending:
+            try:
+                self._load_block(ds, block, reserved, load)
+            finally:
+                self._records.flush(pending)  # the record to disk, once readers are answered
+
+    def _load_block(self, ds: _Dataset, block: int, reserved: bool, load: _Load) -> None:
         key = (ds.id, block)
         try:
             record = ds.source.record(block)

@@ -18,11 +18,25 @@ waiting, a connection left pending on the agent's socket; once the agent
 answers it (it was continued, or a new one started) the datasets are reopened
 and requests go to the agent again. :meth:`AgentClient.stats` has nothing to fall back to and raises
 :class:`~stoker.errors.AgentError` instead.
+
+Starting an agent (autostart) is off the reader's path: the client spawns it
+and, while it starts (a fraction of a second: an interpreter and its imports),
+answers block requests with "read it yourself" instead of waiting (for up to
+:attr:`AgentClient.early_reads` blocks of a dataset, a first batch's worth;
+past those the reader waits for the agent), remembers
+the reader's plan, and checks without waiting whether the agent answers yet;
+once it does, the datasets are opened there and the plan is sent. The blocks
+read meanwhile are handed to the agent (appended to every plan, so it loads
+them behind what the reader needs next, and at :meth:`AgentClient.hand_over`,
+called when a reader closes, loaded for certain): the node's cache ends up
+holding every block its readers read, at the price of reading the first
+blocks of a cold start twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import select
@@ -40,6 +54,21 @@ from stoker.cache import wire
 from stoker.cache.config import AgentConfig
 from stoker.cache.paths import AgentPaths, default_cache_dir
 from stoker.errors import AgentError
+
+
+class _Start:
+    """An agent being started for this client: the process it spawned (None: another
+    reader process is starting it) and the spawn lock it holds meanwhile, so that the
+    readers of a machine (a job's DataLoader workers) start one agent, not one each."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | None, lock_fd: int | None) -> None:
+        self.proc = proc
+        self.lock_fd = lock_fd
+
+    def close(self) -> None:
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
 
 class _Unanswered(Exception):
@@ -112,6 +141,9 @@ class AgentClient:
         self._reset()
 
     def _reset(self) -> None:
+        inherited = getattr(self, "_starting", None)
+        if inherited is not None:  # forked while starting: the parent's lock is its own
+            inherited.close()
         self._pid = os.getpid()
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
@@ -122,12 +154,17 @@ class AgentClient:
         self._why = ""  # how the agent failed to answer, last time
         self._probe: socket.socket | None = None  # a connection waiting for the agent's Ack
         self._next_probe = 0.0
+        self._starting: _Start | None = None  # an agent being started, not answering yet
+        self._start_deadline = 0.0
+        self._skipped: dict[str, set[int]] = {}  # blocks read from storage while it started
+        self._plans: dict[str, list[int]] = {}  # the latest plan per dataset
         self.reconnects = 0
         self.fallbacks = 0  # times this process stopped using the agent
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_sock", "_lock", "_pid", "_warned_inline", "_warned_fallback", "_probe"):
+        for k in ("_sock", "_lock", "_pid", "_warned_inline", "_warned_fallback", "_probe",
+                  "_starting", "_skipped", "_plans"):  # fmt: skip
             state.pop(k, None)
         state["_opened"] = {k: v.SerializeToString() for k, v in self._opened.items()}
         return state
@@ -225,7 +262,7 @@ class AgentClient:
                 )
             if time.monotonic() > deadline:
                 raise _Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
-            time.sleep(0.02)  # the agent is starting: poll its socket
+            time.sleep(0.005)  # the agent is starting: poll its socket (a cheap connect)
 
     def _log_tail(self) -> str:
         try:
@@ -240,6 +277,12 @@ class AgentClient:
             self._reset()
         with self._lock:
             try:
+                if self._starting is not None or (
+                    self._sock is None and not self._fallback and self._may_start(req)
+                ):
+                    early = self._while_starting(req, fallback)
+                    if early is not None:
+                        return early
                 if self._fallback and not self._revive():
                     raise _Unanswered(self._why)
                 resp = self._exchange(req)
@@ -254,6 +297,156 @@ class AgentClient:
                 raise typed
             raise AgentError(f"stoker agent: {resp.error}")
         return resp
+
+    #: Requests answered without waiting while an agent this client spawned is starting:
+    #: blocks are read from storage meanwhile, plans and opens remembered, pins dropped.
+    _EARLY = frozenset(("open", "get", "plan", "release"))
+    #: Blocks of a dataset read from storage while the agent starts, at most (a first
+    #: batch's worth); the agent reads them again, so past these the reader waits for it.
+    early_reads = 32
+
+    def _may_start(self, req: pb.Request) -> bool:
+        """Whether ``req`` may find no agent and start one without waiting for it."""
+        return self.autostart and req.WhichOneof("kind") in self._EARLY
+
+    def _while_starting(self, req: pb.Request, fallback: pb.Response | None) -> pb.Response | None:
+        """The answer to ``req`` while the agent this client started is not up yet (None:
+        it answers now, or ``req`` must wait for it: send it there).
+
+        Spawns the agent when none listens. Raises :class:`AgentError` when the spawned
+        agent failed, :class:`_Unanswered` when it did not answer within ``timeout``.
+        """
+        if self._starting is None:
+            try:
+                sock = self._connect_once()  # an agent runs: no need to start one
+            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError,
+                    BrokenPipeError):  # fmt: skip
+                self._starting = self._claim_start()
+                self._start_deadline = time.monotonic() + self.timeout
+            except OSError:
+                return None  # _exchange deals with it, as it always has
+            else:
+                self._sock = sock
+                try:  # a new connection: reopen the datasets, as _exchange does
+                    if self._opened and req.WhichOneof("kind") != "open":
+                        for op in self._opened.values():
+                            self._request(pb.Request(open=op))
+                except (ConnectionError, OSError):
+                    self._drop()  # _exchange reconnects
+                return None
+        if self._agent_answers():
+            return None
+        if fallback is None or req.WhichOneof("kind") not in self._EARLY:
+            if self._probe is not None:  # stats, holdings: wait for it, as always
+                self._probe.close()
+                self._probe = None
+            self._sock = self._connect()
+            self._begin()
+            return None
+        kind = req.WhichOneof("kind")
+        if kind == "get":
+            skipped = self._skipped.setdefault(req.get.dataset_id, set())
+            if len(skipped) >= self.early_reads:  # enough read twice: wait for the agent
+                while not self._agent_answers():
+                    time.sleep(0.005)
+                return None
+            skipped.add(int(req.get.block))
+        return fallback
+
+    def _claim_start(self) -> _Start:
+        """Start the agent, unless another reader process of this machine is starting it
+        (it holds the spawn lock)."""
+        self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.paths.spawning, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return _Start(self._spawn(), None)  # no lock to be had: start it anyway
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return _Start(None, None)  # another reader is starting it
+        try:
+            return _Start(self._spawn(), fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _end_start(self) -> None:
+        if self._starting is not None:
+            self._starting.close()
+            self._starting = None
+
+    def _agent_answers(self) -> bool:
+        """Without waiting: does the agent being started answer yet? Then use it."""
+        start = self._starting
+        assert start is not None
+        spawned = start.proc
+        code = spawned.poll() if spawned is not None else None
+        if code not in (None, 3):  # 3: another agent won the race; it serves the socket
+            assert spawned is not None
+            self._end_start()
+            if self._probe is not None:
+                self._probe.close()
+                self._probe = None
+            raise AgentError(
+                f"the stoker agent for {self.paths.cache_dir} exited with code "
+                f"{spawned.returncode}; see {self.paths.log}:\n{self._log_tail()}"
+            )
+        if self._probe is None:
+            self._probe = self._start_probe()
+        if self._probe is not None:
+            try:
+                ready = select.select([self._probe], [], [], 0)[0]
+            except (OSError, ValueError):
+                ready = [self._probe]
+            if ready:
+                probe, self._probe = self._probe, None
+                try:
+                    probe.settimeout(self.connect_timeout)
+                    resp = wire.recv(probe, pb.Response)
+                except (ConnectionError, OSError):
+                    probe.close()  # it went away before answering: try again next time
+                    resp = None
+                if resp is not None and resp.error:
+                    probe.close()
+                    raise _Unanswered(f"refused the connection ({resp.error})")
+                if resp is not None:
+                    probe.settimeout(self.request_timeout)
+                    self._sock = probe
+                    return self._begin()
+        if spawned is None and self._probe is None:
+            # another reader was starting it and none listens: take over if it gave up
+            taken = self._claim_start()
+            if taken.proc is not None:
+                self._starting = taken
+        if time.monotonic() > self._start_deadline:
+            self._end_start()
+            raise _Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
+        return False
+
+    def _begin(self) -> bool:
+        """The agent answers on ``_sock``: open the datasets there and send the plans.
+        False (and still starting) when the connection broke meanwhile."""
+        try:
+            for op in self._opened.values():
+                self._request(pb.Request(open=op))
+            for ds, blocks in self._plans.items():
+                plan = pb.Plan(dataset_id=ds, blocks=self._with_skipped(ds, blocks))
+                self._request(pb.Request(plan=plan))
+        except (ConnectionError, OSError):
+            self._drop()
+            return False
+        self._end_start()
+        return True
+
+    def _with_skipped(self, dataset_id: str, blocks: list[int]) -> list[int]:
+        """``blocks`` with the blocks of ``dataset_id`` read while the agent started moved
+        to the end (the reader holds those already: the agent loads them last)."""
+        skipped = self._skipped.get(dataset_id)
+        if not skipped:
+            return blocks
+        return [b for b in blocks if b not in skipped] + sorted(skipped)
 
     def _exchange(self, req: pb.Request) -> pb.Response:
         """One request and its answer, reconnecting (and restarting the agent) when the
@@ -293,6 +486,7 @@ class AgentClient:
     def _fall_back(self, why: str) -> None:
         """Stop using the agent (the agent drops this connection's pins when it notices)."""
         self._drop()
+        self._end_start()
         self._why = why
         if not self._fallback:
             self._fallback = True
@@ -407,7 +601,28 @@ class AgentClient:
             self._call(req, pb.Response())
 
     def plan(self, dataset_id: str, blocks: list[int]) -> None:
+        """The blocks this process reads next, in order (the agent prefetches them)."""
+        if self._pid != os.getpid():
+            self._reset()
+        self._plans[dataset_id] = list(blocks)
+        blocks = self._with_skipped(dataset_id, self._plans[dataset_id])
         self._call(pb.Request(plan=pb.Plan(dataset_id=dataset_id, blocks=blocks)), pb.Response())
+
+    def hand_over(self, dataset_id: str) -> None:
+        """Make sure the agent holds the blocks of ``dataset_id`` that this process read
+        from storage itself while the agent was starting (waiting for it if it still
+        starts): a reader calls this when it closes. Nothing without an answering agent."""
+        if self._pid != os.getpid() or not self._skipped.get(dataset_id):
+            return
+        skipped = self._skipped[dataset_id]
+        held = set(self.holdings(dataset_id))  # waits for a starting agent
+        if self.falling_back:
+            return
+        for b in sorted(skipped - held):
+            got = self.get(dataset_id, b)  # loads it there (one download, one decode)
+            if got.pinned:
+                self.release(dataset_id, [b])
+        skipped.clear()
 
     def holdings(self, dataset_id: str) -> list[int]:
         """Blocks of the dataset this node's agent holds (memory or disk); none without

@@ -9,6 +9,8 @@ one run):
                                     it when the agent dies, so a crash leaves no stale lock
 ``<cache_dir>/agent.sock``          the Unix socket readers connect to
 ``<cache_dir>/agent.log``           the log of an agent started automatically
+``<cache_dir>/agent.spawn``         held (flock) by the reader starting the agent, so the
+                                    readers of a machine start one agent, not one each
 ``<cache_dir>/blocks/<id>/<n>.rec`` disk tier: verified compressed block records
 ``/dev/shm/stoker-<uid>-<hash>/``   memory tier: decoded blocks, one file each
 
@@ -53,6 +55,7 @@ class AgentPaths:
         self.lock = self.cache_dir / "agent.lock"
         self.socket = self.cache_dir / "agent.sock"
         self.log = self.cache_dir / "agent.log"
+        self.spawning = self.cache_dir / "agent.spawn"
         self.blocks = self.cache_dir / "blocks"
         digest = hashlib.sha256(str(self.cache_dir).encode()).hexdigest()[:12]
         uid = os.getuid() if uid is None else uid

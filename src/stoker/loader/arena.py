@@ -159,7 +159,11 @@ class BlockArena:
         """
         self._next_use = dict(zip(order.tolist(), next_use.tolist()))
         if self.agent is not None:
-            self.agent.plan(self.dataset_id, order[: 4 * self.slots].tolist())
+            # a first schedule (``ahead`` short of the arena) plans only what it loads, so
+            # that the agent prefetches nothing ahead of the first batch's blocks
+            self.agent.plan(
+                self.dataset_id, order[: 4 * self.slots if ahead >= self.slots else ahead].tolist()
+            )
         pool = self._decoders()
         started = 0
         for b, use in zip(order.tolist(), next_use.tolist()):
@@ -285,8 +289,11 @@ class BlockArena:
             self._pinned.clear()
             self._views.clear()
             self._slot_of.clear()
-        if pinned and self.agent is not None:
+        if self.agent is not None:
             try:
-                self.agent.release(self.dataset_id, pinned)
+                if pinned:
+                    self.agent.release(self.dataset_id, pinned)
+                # what this reader read itself while its agent started goes to the agent
+                self.agent.hand_over(self.dataset_id)
             except Exception:
                 pass  # the agent is gone: its pins went with it
