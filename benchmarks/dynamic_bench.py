@@ -354,11 +354,13 @@ def _costs(s: dict[str, Any], batches: int) -> list[str]:
             "coordinator's CPU is not measured, it is the loader's private child): the loader "
             "confirms every batch with the coordinator before handing it out (`ConfirmBatch`, "
             "sent on a thread, up to half the window or 5 ms of them per `Batch` message while the "
-            f"rank does not wait, reading up to {CONFIRM_WINDOW} batches ahead of the confirms; "
+            f"rank does not wait, reading up to {CONFIRM_WINDOW} batches ahead of the confirms, "
+            "a run of a consumer's full batches as one call; "
             "`src/stoker/coordinator/consumer.py`, `src/stoker/loader/coordinated.py`), "
-            "leases and heartbeats add a few calls per lease, and the coordinator journals each "
-            "confirmed batch. Here the consumer does nothing with a batch, so that per-batch "
-            "cost is the whole difference, on the same two cores as the reading.",
+            "leases add a call per lease (asked for half way through the one before), and the "
+            "coordinator journals each message's calls in one write. Here the consumer does "
+            "nothing with a batch, so that per-batch cost is the whole difference, on the same "
+            "two cores as the reading.",
             "",
             *(f"* {x}" for x in out),
         ]
