@@ -186,3 +186,36 @@ class TestLeaseStreamAskingAhead(TestLeaseStream):
                 across += 1
         assert most <= 2
         assert across > 0
+
+
+@pytest.mark.parametrize("pause_after", range(1, 15))
+def test_a_consumer_asking_ahead_that_expired_registers_again_and_the_epoch_comes_once(
+    tmp_path: Path, pause_after: int
+) -> None:
+    """Paused past the timeout (a worker blocked on a full queue): its leases went back to
+    the queue; asking ahead finds it expired, it registers again and reads on, and the
+    rows the rank confirms are every position once."""
+    now = [0.0]  # the coordinator's clock: 0.1 s a batch, a slow consumer (short horizons)
+    config = Config(lease_size=LEASE, min_readahead=16, timeout=10.0)
+    coordinator = Coordinator(N, 1, str(tmp_path / "state"), config=config, clock=lambda: now[0])
+    server = Server(coordinator, "127.0.0.1:0").start()
+    client = CoordinatorClient(server.address, token=server.token, retry_for=10.0)
+    try:
+        source = LeaseStream(client, rank=0, worker=0, ahead=True)
+        accepted: list[int] = []
+        for seq, (positions, segments) in enumerate(source.batches(SIZE)):
+            answers = client.confirm_batch(source.consumer, source.epoch, seq, segments, SIZE)
+            row = 0
+            for (_, _, rows), answer in zip(segments, answers, strict=True):
+                if answer is not None:
+                    accepted.extend(positions[row : row + rows].tolist())
+                row += rows
+            now[0] += 0.1
+            if seq + 1 == pause_after:
+                now[0] += config.timeout + 1  # silent past the timeout
+                assert coordinator.expire() == [source.consumer]
+        assert source.reregistered == 1
+        assert sorted(accepted) == list(range(N))
+    finally:
+        client.close()
+        server.stop(0)

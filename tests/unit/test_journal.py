@@ -77,3 +77,35 @@ def test_a_missing_segment_stops_the_replay(tmp_path: Path) -> None:
 def test_job_names_cannot_escape(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         Journal(str(tmp_path), "../other")
+
+
+def test_a_group_commit_whose_write_failed_writes_those_events_first_next_time() -> None:
+    """A failed journal write loses nothing: the next sync writes the same events, in
+    order, before any buffered after them, and a caller whose events are not written
+    never returns as if they were."""
+    from stoker.coordinator.commit import GroupCommit
+    from stoker.coordinator.model import Event
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.fail, self.segments = 1, []
+
+        def append(self, events):
+            if self.fail:
+                self.fail -= 1
+                raise OSError("disk full")
+            self.segments.append([e["args"]["n"] for e in events])
+
+        def close(self) -> None:
+            pass
+
+    journal = Flaky()
+    commit = GroupCommit(journal)  # type: ignore[arg-type]
+    first = commit.add([Event("revive", 0.0, {"n": i}) for i in range(3)])
+    with pytest.raises(OSError):
+        commit.sync(first)
+    later = commit.add([Event("revive", 0.0, {"n": 3})])
+    commit.sync(first)  # its events were not written: this call writes them now
+    assert journal.segments == [[0, 1, 2, 3]]
+    commit.sync(later)
+    assert journal.segments == [[0, 1, 2, 3]]

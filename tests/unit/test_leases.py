@@ -284,17 +284,23 @@ def test_an_idle_consumer_steals_from_the_slowest() -> None:
 
 def test_a_lease_asked_for_ahead_comes_from_the_queue_and_never_by_stealing() -> None:
     cfg = Config(lease_size=100, timeout=60, readahead_seconds=1.0, min_readahead=4)
-    t = LeaseTable(0, [(0, 250)], world=1, config=cfg)
+    t = LeaseTable(0, [(0, 450)], world=1, config=cfg)
     slow, fast = t.register(0, 0, 0.0), t.register(0, 1, 0.0)
     a = t.request(slow, 0.0)
     b = t.request(fast, 0.0)
-    c = t.request(fast, 0.0, held=[b.lease], ahead=True)  # the queue's rest: 200..250
-    assert (c.start, c.end, c.stolen_from) == (200, 250, None)
+    c = t.request(fast, 0.0, held=[b.lease], ahead=True)  # 250 queued: a lease each left
+    assert (c.start, c.end, c.stolen_from) == (200, 300, None)
     assert t.consumers[fast].leases == [b.lease, c.lease]
-    steals = t.steals
-    # the queue is empty: asked ahead, it waits (a plain request would steal from slow)
+    # 150 queued, less than a lease per live consumer: the tail is left to plain requests
     assert t.request(fast, 0.1, held=[b.lease, c.lease], ahead=True) is WAIT
-    assert t.steals == steals and t.leases[a.lease].end == 100
+    d = t.request(slow, 0.1, held=[a.lease])
+    assert (d.start, d.end) == (300, 400)
+    # the queue is empty: asked ahead, it waits (a plain request would steal from slow)
+    t2 = LeaseTable(0, [(0, 200)], world=1, config=cfg)
+    s2, f2 = t2.register(0, 0, 0.0), t2.register(0, 1, 0.0)
+    a2, b2 = t2.request(s2, 0.0), t2.request(f2, 0.0)
+    assert t2.request(f2, 0.1, held=[b2.lease], ahead=True) is WAIT
+    assert t2.steals == 0 and t2.leases[a2.lease].end == 100
     # a lost ahead grant is granted again first, ahead or not
     again = t.request(fast, 0.2, held=[b.lease], ahead=True)
     assert again is not None and again is not WAIT and again.lease == c.lease

@@ -50,7 +50,14 @@ class GroupCommit:
             with self._lock:
                 batch, self._buffer = self._buffer, []
             if batch:
-                self.journal.append(batch)
+                try:
+                    self.journal.append(batch)
+                except BaseException:
+                    # not written: back in front of what came meanwhile, for the next sync
+                    # (a waiter must not find the buffer empty and answer unwritten calls)
+                    with self._lock:
+                        self._buffer[:0] = batch
+                    raise
                 self._written += len(batch)
 
     def start(self) -> None:

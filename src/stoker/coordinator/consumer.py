@@ -200,10 +200,10 @@ class LeaseStream:
             have += upto - h.read
             h.read = upto
             if self.ahead:
-                self._ask_ahead(lease, h)
+                self._ask_ahead(lease, h)  # may find us expired: registered again, holding none
             if have == size:
                 # the next batch would reach the horizon, and the lease goes on past it
-                if h.horizon - h.read < size and h.horizon < h.end:
+                if self._held.get(lease) is h and h.horizon - h.read < size and h.horizon < h.end:
                     self._update(self._call(self.client.heartbeat, lease, upto))
                 yield parts[0] if len(parts) == 1 else np.concatenate(parts), segments
                 parts, segments, have = [], [], 0

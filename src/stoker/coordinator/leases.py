@@ -44,6 +44,10 @@ from stoker.coordinator.model import Lease as Lease
 from stoker.coordinator.model import LeaseError as LeaseError
 from stoker.coordinator.ranges import insert, merged, subtract
 
+#: Batches one ConfirmBatch call may confirm at once (``count``): a rank's confirm
+#: window is far below this.
+MAX_RUN = 4096
+
 
 class LeaseTable:
     """Leases of one epoch of a job with ``world`` ranks."""
@@ -226,7 +230,12 @@ class LeaseTable:
         if grant is None:
             room = self.quota - self.assigned[c.rank]
             if ahead:
-                grant = (self._from_queue(c, room) if room > 0 else None) or WAIT
+                # only while the queue holds a lease for every live consumer: the epoch's
+                # tail stays in the queue, or with readers that can be stolen from
+                live = sum(1 for x in self.consumers.values() if x.alive)
+                queued = sum(b - a for a, b in self.queue)
+                plenty = room > 0 and queued >= live * self.config.lease_size
+                grant = (self._from_queue(c, room) if plenty else None) or WAIT
             elif room > 0:
                 grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
             else:
@@ -408,11 +417,13 @@ class LeaseTable:
             raise LeaseError(
                 "bad_range", f"batch size {size}, the job's is {self.batch_size or 'unset'}"
             )
-        if count < 1 or (count > 1 and sum(n for _, _, n in segments) != count * size):
+        if not 1 <= count <= MAX_RUN or (
+            count > 1 and sum(n for _, _, n in segments) != count * size
+        ):
             raise LeaseError(
                 "bad_range",
-                f"{count} batches of {size} rows, but the segments hold "
-                f"{sum(n for _, _, n in segments)} rows",
+                f"{count} batches of {size} rows (at most {MAX_RUN} a call), and the segments "
+                f"hold {sum(n for _, _, n in segments)} rows",
             )
         self.batch_size = size
         answer: list[bool | None] = []
