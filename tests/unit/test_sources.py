@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -96,3 +97,30 @@ def test_a_run_of_full_batches_goes_as_one_call_and_its_answers_come_back_per_ba
     got = split_answers([[True, None], [True], refused], parts)
     assert got[:4] == [[False], [True, None], [None], [True]]
     assert got[4] is refused
+
+
+def test_closing_a_confirmer_gives_up_a_message_the_gone_coordinator_never_answers() -> None:
+    """A broken-off epoch whose coordinator went away: close() stops the retries instead
+    of waiting out the client's retry_for (60 s here; it returns in a fraction of it)."""
+    import socket
+    import time
+
+    from stoker.coordinator.client import CoordinatorClient
+    from stoker.coordinator.consumer import Confirmer
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = CoordinatorClient(f"127.0.0.1:{port}", token="t", retry_for=60.0, timeout=1.0)
+    confirmer = Confirmer(client, 4)
+    confirmer.submit(0, 1, [(1, 4, 4)])
+    deadline = time.monotonic() + 30
+    while client.retries == 0 and time.monotonic() < deadline:  # it is retrying now
+        time.sleep(0.01)
+    assert client.retries > 0
+    t = time.monotonic()
+    confirmer.close()
+    assert time.monotonic() - t < 6.0  # a tenth of retry_for
+    with pytest.raises(Exception, match="given up"):
+        confirmer.take()
+    client.close()

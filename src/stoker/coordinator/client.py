@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,7 +175,9 @@ class CoordinatorClient:
             self._stub = pb_grpc.CoordinatorStub(self._channel)
         return self._stub
 
-    def _call(self, name: str, request: Any) -> Any:
+    def _call(self, name: str, request: Any, cancel: threading.Event | None = None) -> Any:
+        """One call, retried while the coordinator is away (up to ``retry_for``, or until
+        ``cancel`` is set: then :class:`CoordinatorUnavailable` at once)."""
         if self._token is None:
             self._token = find_token(self.address)
         deadline = time.monotonic() + self.retry_for
@@ -206,7 +209,13 @@ class CoordinatorClient:
                         f"({exc.details()})"
                     ) from None
                 self.retries += 1
-                time.sleep(delay)  # backoff while the coordinator is away
+                # backoff while the coordinator is away
+                if cancel is None:
+                    time.sleep(delay)
+                elif cancel.wait(delay):
+                    raise CoordinatorUnavailable(
+                        f"coordinator at {self.address}: the call was given up ({exc.details()})"
+                    ) from None
                 delay = min(delay * 2, 2.0)
 
     # -- calls -------------------------------------------------------------------------
@@ -268,7 +277,7 @@ class CoordinatorClient:
         return answers(r)
 
     def confirm_batches(
-        self, calls: list[ConfirmCall]
+        self, calls: list[ConfirmCall], cancel: threading.Event | None = None
     ) -> list[list[bool | None] | CoordinatorRefused]:
         """Many ConfirmBatch calls in one message (:meth:`batch`); per call its answers
         (as :meth:`confirm_batch`) or the refusal."""
@@ -286,17 +295,17 @@ class CoordinatorClient:
             for c in calls
         ]
         out: list[list[bool | None] | CoordinatorRefused] = []
-        for r in self.batch(request):
+        for r in self.batch(request, cancel):
             if r.WhichOneof("kind") == "error":
                 out.append(refused(r.error.code, r.error.message, r.error.reason))
             else:
                 out.append(answers(r.confirm_batch))
         return out
 
-    def batch(self, calls: list[pb.Call]) -> list[pb.Result]:
+    def batch(self, calls: list[pb.Call], cancel: threading.Event | None = None) -> list[pb.Result]:
         """Many consumers' calls in one message; a result per call, in order (each an
         answer or a ``CallError``). Retried as a whole: every call is idempotent."""
-        return list(self._call("Batch", pb.BatchRequest(calls=calls)).results)
+        return list(self._call("Batch", pb.BatchRequest(calls=calls), cancel).results)
 
     def checkpoint(self, epoch: int, batches: int) -> tuple[str, dict[str, Any]]:
         """``(name, snapshot)`` of the moment every rank had handed out ``batches``

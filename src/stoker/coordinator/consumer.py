@@ -254,6 +254,7 @@ class Confirmer:
         self._idle = False  # the thread waits for work
         self._urgent = False  # the rank waits for an answer
         self._closed = False
+        self._given_up = threading.Event()  # closed early: stop retrying a gone coordinator
         self._thread = threading.Thread(target=self._run, daemon=True, name="stoker-confirm")
         self._thread.start()
 
@@ -318,7 +319,7 @@ class Confirmer:
             calls, parts = merge_runs(work)
             try:
                 merged: list[list[bool | None] | BaseException] = list(
-                    self.client.confirm_batches(calls)
+                    self.client.confirm_batches(calls, self._given_up)
                 )
             except BaseException as exc:  # the coordinator is gone: every waiter learns it
                 merged = [exc] * len(calls)
@@ -328,9 +329,13 @@ class Confirmer:
                 self._cv.notify_all()
 
     def close(self) -> None:
+        """Stop the thread once what was submitted is sent. A message still being retried
+        (the coordinator is away; its epoch was broken off and is being dropped) is given
+        up rather than waited for up to the client's ``retry_for``."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+        self._given_up.set()
         self._thread.join()
 
 
