@@ -54,6 +54,7 @@ WORK = BENCH / ".work" / "agent_single"
 DATA = BENCH / ".work" / "dynamic_bench" / "synthetic-100000000"
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT / "tests"))
+from machine import proc_cpu  # noqa: E402
 
 HEADING = "## Node agent: one process, direct vs through the agent"
 SEQ_LEN, BATCH, SEED = 2048, 8, 0
@@ -67,15 +68,6 @@ TARGET_TPS, TARGET_COLD_FIRST, TARGET_WARM_FIRST = 0.9, 0.15, 0.1
 
 
 # -- the measured process ----------------------------------------------------------------
-def proc_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc; else None)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def agent_pid(cache: Path) -> int | None:
     """The pid the running agent of ``cache`` wrote into its lock file."""
     try:

@@ -57,7 +57,7 @@ WORK = BENCH / ".work" / "dynamic_bench"
 CORPUS = BENCH / ".work"  # where benchmarks/corpus.py writes tokens.u16 and doc_lens.npy
 sys.path.insert(0, str(BENCH))
 from docsection import replace_section  # noqa: E402
-from machine import git_info, platform_info  # noqa: E402
+from machine import git_info, platform_info, proc_cpu  # noqa: E402
 
 HEADING = "## Dynamic loader: coordinator leases vs the static plan"
 SEQ_LEN, BATCH, SEED = 2048, 8, 0
@@ -168,15 +168,6 @@ def stop(proc: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def proc_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc; else None)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu() -> tuple[float, float]:

@@ -57,3 +57,12 @@ def platform_info() -> dict[str, Any]:
     }
     info.update(lscpu(("Model name", "Architecture", "Hypervisor vendor")))
     return info
+
+
+def proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of process ``pid`` so far (Linux /proc; else None)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

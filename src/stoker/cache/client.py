@@ -328,9 +328,8 @@ class AgentClient:
             else:
                 self._sock = sock
                 try:  # a new connection: reopen the datasets, as _exchange does
-                    if self._opened and req.WhichOneof("kind") != "open":
-                        for op in self._opened.values():
-                            self._request(pb.Request(open=op))
+                    if req.WhichOneof("kind") != "open":
+                        self._reopen()
                 except (ConnectionError, OSError):
                     self._drop()  # _exchange reconnects
                 return None
@@ -425,12 +424,18 @@ class AgentClient:
             raise _Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
         return False
 
+    def _reopen(self, check: bool = False) -> None:
+        """Open this client's datasets on a new connection (``check``: a refusal is a
+        :class:`ConnectionError`, as a broken connection is)."""
+        for op in self._opened.values():
+            if self._request(pb.Request(open=op)).error and check:
+                raise ConnectionError("the agent could not reopen a dataset")
+
     def _begin(self) -> bool:
         """The agent answers on ``_sock``: open the datasets there and send the plans.
         False (and still starting) when the connection broke meanwhile."""
         try:
-            for op in self._opened.values():
-                self._request(pb.Request(open=op))
+            self._reopen()
             for ds, blocks in self._plans.items():
                 plan = pb.Plan(dataset_id=ds, blocks=self._with_skipped(ds, blocks))
                 self._request(pb.Request(plan=plan))
@@ -457,9 +462,8 @@ class AgentClient:
             try:
                 if self._sock is None:
                     self._sock = self._connect()
-                    if self._opened and req.WhichOneof("kind") != "open":
-                        for op in self._opened.values():
-                            self._request(pb.Request(open=op))
+                    if req.WhichOneof("kind") != "open":
+                        self._reopen()
                 return self._request(req)
             except (ConnectionError, OSError) as exc:
                 if isinstance(exc, wire.ProtocolError):
@@ -530,9 +534,7 @@ class AgentClient:
         probe.settimeout(self.request_timeout)
         self._sock = probe
         try:
-            for op in self._opened.values():
-                if self._request(pb.Request(open=op)).error:
-                    raise ConnectionError("the agent could not reopen a dataset")
+            self._reopen(check=True)
         except (ConnectionError, OSError):
             self._drop()
             return False

@@ -238,7 +238,7 @@ class Confirmer:
     are waiting (``Batch`` of ``ConfirmBatch`` calls), so the coordinator's round trip
     and journal write overlap the reading of the next batches and the training step.
 
-    Answers come back in the order of :meth:`submit`: :meth:`answered` counts those
+    Answers come back in the order of :meth:`submit`: :attr:`answers` holds those
     not yet taken, :meth:`take` gives the next (waiting for it if need be). While
     nobody waits for an answer, the thread gathers a message for up to
     :data:`GATHER_SECONDS` or ``gather`` batches.
@@ -248,7 +248,7 @@ class Confirmer:
         self.client, self.size, self.gather = client, size, gather
         self.seq = 0
         self._queue: deque[ConfirmCall] = deque()
-        #: answers not yet taken, in order (its length is :meth:`answered`)
+        #: answers not yet taken, in order (what :meth:`take` gives without waiting)
         self.answers: deque[list[bool | None] | BaseException] = deque()
         self._cv = threading.Condition()
         self._idle = False  # the thread waits for work
@@ -267,10 +267,6 @@ class Confirmer:
         if self._idle and (len(self._queue) == 1 or len(self._queue) >= self.gather):
             with self._cv:
                 self._cv.notify_all()
-
-    def answered(self) -> int:
-        """Answers ready to :meth:`take`."""
-        return len(self.answers)
 
     def take(self) -> list[bool | None]:
         """The next batch's answer per segment (True: lease complete, False: confirmed,
