@@ -85,7 +85,9 @@ WINDOWS = {
 
 
 # -- one measurement (runs in a fresh child process) -----------------------------------
-def child(cfg: str, url: str, warm: int, timed: int, tree: str, out: str) -> int:
+def child(
+    cfg: str, url: str, warm: int, timed: int, tree: str, out: str, order: str | None = None
+) -> int:
     """One configuration of the stoker found on PYTHONPATH; the result as JSON to ``out``."""
     import gc
     import resource
@@ -107,7 +109,11 @@ def child(cfg: str, url: str, warm: int, timed: int, tree: str, out: str) -> int
 
     cpu0 = cpu()
     t0 = time.perf_counter()
-    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=BATCH, seed=SEED)
+    if order:  # the NEW tree's order by name (an OLD tree has only its default)
+        shuffle = stoker.ShuffleConfig(seed=SEED, order=order)
+        ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=BATCH, shuffle=shuffle)
+    else:
+        ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=BATCH, seed=SEED)
     loader: Any
     if cfg == "A":
         loader = stoker.TokenLoader(ds, num_workers=0)
@@ -262,7 +268,7 @@ def dataset(quick: bool, tmp: Path) -> tuple[str, dict[str, Any]]:
 
 def measure(
     side: str, tree: dict[str, Any], cfg: str, url: str, window: tuple[int, int], tmp: Path,
-    n: int, timeout: float,
+    n: int, timeout: float, order: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One measurement in a fresh process (its whole session killed afterwards)."""
     out, log = tmp / f"run-{n}.json", tmp / f"run-{n}.log"
@@ -273,7 +279,7 @@ def measure(
     # -P: no benchmarks/ on sys.path in the child (only the tree under test and the venv)
     cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--child", cfg, "--url", url,
            "--warm", str(window[0]), "--timed", str(window[1]), "--tree", tree["tree"],
-           "--out", str(out)]  # fmt: skip
+           "--out", str(out)] + (["--order", order] if order else [])  # fmt: skip
     t = time.perf_counter()
     with open(log, "wb") as lf:
         proc = subprocess.Popen(
@@ -301,8 +307,9 @@ def measure(
     return res
 
 
-def check_ids(runs: list[dict[str, Any]]) -> list[str]:
-    """What is wrong with the sample ids of ``runs`` (empty: nothing)."""
+def check_ids(runs: list[dict[str, Any]], same_order: bool = True) -> list[str]:
+    """What is wrong with the sample ids of ``runs`` (empty: nothing). Without
+    ``same_order`` (the sides read different orders) each side's runs must agree."""
     problems = []
     for r in runs:
         if r["unique_ids"] != r["n_ids"]:
@@ -310,16 +317,16 @@ def check_ids(runs: list[dict[str, Any]]) -> list[str]:
                 f"round {r['round'] + 1} {r['side']} {r['cfg']}: {r['n_ids']} timed samples but "
                 f"only {r['unique_ids']} distinct ids"
             )
-    for cfg in CONFIGS:
-        seqs = {(r["side"], r["ids_hash"]) for r in runs if r["cfg"] == cfg}
+    for cfg, side in [(c, s) for c in CONFIGS for s in ([None] if same_order else SIDES)]:
+        of = [r for r in runs if r["cfg"] == cfg and side in (None, r["side"])]
+        seqs = {(r["side"], r["ids_hash"]) for r in of}
         if len({h for _, h in seqs}) > 1:
             problems.append(
                 f"configuration {cfg}: the id sequences differ between runs: "
                 + ", ".join(
                     f"round {r['round'] + 1} {r['side']} {r['ids_hash']} (first ids "
                     f"{r['first_ids']})"
-                    for r in runs
-                    if r["cfg"] == cfg
+                    for r in of
                 )
             )
     return problems
@@ -422,10 +429,15 @@ def render(res: dict[str, Any]) -> str:
         "(torch included), and of its largest worker where it has any.",
         "",
         f"Checks: in all {len(res['runs'])} runs the timed window delivered distinct sample "
-        "ids, and OLD and NEW delivered the same id sequence in each configuration (sha1 of "
-        "the timed ids: "
-        + ", ".join(f"{c} {res['id_hashes'][c]}" for c in CONFIGS if c in res["id_hashes"])
-        + ").",
+        + (
+            "ids, and OLD and NEW delivered the same id sequence in each configuration (sha1 of "
+            "the timed ids: "
+            + ", ".join(f"{c} {res['id_hashes'][c]}" for c in CONFIGS if c in res["id_hashes"])
+            + ")."
+            if res["params"].get("new_order") == "window"
+            else "ids, and each side the same id sequence in every round (the sides read "
+            f"different orders: OLD its window order, NEW {res['params'].get('new_order')!r})."
+        ),
     ]
     slower = [c for c in CONFIGS if c in s and s[c]["ratio"] < 0.97]
     if slower:
@@ -448,6 +460,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 7; 1 with --quick)")
     ap.add_argument("--quick", action="store_true", help="tiny dataset, one round, few batches")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    ap.add_argument(
+        "--new-order",
+        help="the NEW tree's ShuffleConfig(order=...) (default: its own default); with "
+        "another order than OLD's, each side's id sequences are checked on their own",
+    )
+    ap.add_argument("--order", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     for a in ("--url", "--tree", "--out"):
         ap.add_argument(a, help=argparse.SUPPRESS)
@@ -455,7 +473,7 @@ def main() -> int:
         ap.add_argument(a, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child, args.url, args.warm, args.timed, args.tree, args.out)
+        return child(args.child, args.url, args.warm, args.timed, args.tree, args.out, args.order)
 
     sys.path.insert(0, str(BENCH))
     t0 = time.perf_counter()
@@ -487,7 +505,12 @@ def main() -> int:
         from machine import platform_info
 
         res.update(machine=platform_info(), trees=trees, dataset=info)
-        res["params"] = {"rounds": rounds, "windows": windows, "base": args.base}
+        res["params"] = {
+            "rounds": rounds,
+            "windows": windows,
+            "base": args.base,
+            "new_order": args.new_order or "default",
+        }
         runs_dir = tmp / "runs"
         runs_dir.mkdir()
         n = 0
@@ -498,8 +521,9 @@ def main() -> int:
                     for side in order:
                         n += 1
                         r = measure(
-                            side, trees[side], cfg, url, windows[cfg], runs_dir, n, args.timeout
-                        )
+                            side, trees[side], cfg, url, windows[cfg], runs_dir, n, args.timeout,
+                            args.new_order if side == "NEW" else None,
+                        )  # fmt: skip
                         r["round"] = rnd
                         runs.append(r)
                         print(
@@ -511,7 +535,8 @@ def main() -> int:
                         )
                         if r.get("close_error"):
                             print(f"  ! {r['close_error']}", flush=True)
-                    problems = check_ids(runs)
+                    # the base tree has one order, the window order: NEW's default differs
+                    problems = check_ids(runs, same_order=args.new_order == "window")
                     if problems:
                         break
                 if problems:

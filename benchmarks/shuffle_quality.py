@@ -34,7 +34,7 @@ from docsection import replace_section
 
 import stoker
 from stoker.formats.token_writer import DEFAULT_BLOCK_TOKENS
-from stoker.plan import EpochOrder, ShuffleConfig
+from stoker.plan import EpochOrder, ShuffleConfig, SpreadOrder, spread_profile
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -51,6 +51,13 @@ BLOCK_TOKENS = DEFAULT_BLOCK_TOKENS
 SMALL_BLOCK_TOKENS = 1 << 15  # 64 KiB blocks: a write-time option (block_tokens)
 # (shard_size, block_tokens) of the stoker rows
 STOKER_CONFIGS = ((64, BLOCK_TOKENS), (512, BLOCK_TOKENS), (64, SMALL_BLOCK_TOKENS))
+# (unit, block_tokens) of the spread order's rows: its default unit, one block's samples,
+# and, with small blocks, also a unit of four blocks (a unit spreads over at most its size)
+SPREAD_CONFIGS = (
+    (BLOCK_TOKENS // SEQ_LEN, BLOCK_TOKENS),
+    (SMALL_BLOCK_TOKENS // SEQ_LEN, SMALL_BLOCK_TOKENS),
+    (4 * SMALL_BLOCK_TOKENS // SEQ_LEN, SMALL_BLOCK_TOKENS),
+)
 SMALL_PEER_SHARD = 64  # a second MDS shard size (256 KiB), for stoker's small-unit rows
 
 
@@ -137,6 +144,37 @@ def stoker_run(n: int, seed: int, shard: int, ws: int, block_tokens: int) -> dic
     }
 
 
+def spread_run(n: int, seed: int, unit: int, mean: int) -> dict[str, Any]:
+    """stoker's spread order, and the samples its reader holds: each from the first slot of
+    its unit (when the unit's block is decoded) to its own."""
+    cfg = ShuffleConfig(seed=seed, shard_size=unit, order="spread", spread=mean)
+    order = SpreadOrder(n, cfg, 0).samples(np.arange(n, dtype=np.int64))
+    slot = np.empty(n, dtype=np.int64)
+    slot[order] = np.arange(n)
+    unit_of = np.arange(n) // unit
+    first = np.full(-(-n // unit), n, dtype=np.int64)
+    np.minimum.at(first, unit_of, slot)
+    held = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(held, first[unit_of], 1)
+    np.add.at(held, slot + 1, -1)
+    return {"order": order, "resident": int(np.cumsum(held).max()), "reads": 1.0}
+
+
+def spread_fit(n: int, seed: int, unit: int, budget: int) -> tuple[int, dict[str, Any]]:
+    """Largest ``spread`` whose held samples fit ``budget`` (1 if none does), or the first
+    at which a unit's counts stop changing (a unit of u samples spreads over u turns at
+    most)."""
+    best = (1, spread_run(n, seed, unit, 1))
+    for mean in range(2, 1025):
+        if spread_profile(unit, mean) == spread_profile(unit, mean - 1):
+            break
+        run = spread_run(n, seed, unit, mean)
+        if run["resident"] > budget:
+            break
+        best = (mean, run)
+    return best
+
+
 def stoker_fit(n: int, seed: int, shard: int, budget: int, block_tokens: int) -> tuple[int, Any]:
     """Largest window_shards whose decoded blocks fit ``budget`` samples (1 if none does)."""
     lo, hi = 1, max(1, budget // shard)
@@ -215,9 +253,14 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         SECTION,
         "",
         "How well one epoch is mixed, at the same memory, by stoker and by its peers' own",
-        "shuffles. stoker cuts the samples into virtual shards of `shard_size` consecutive",
-        "samples, permutes the shards, groups `window_shards` consecutive permuted shards into",
-        "a shuffle window and permutes the samples of each window (`stoker.plan`).",
+        'shuffles. stoker has two orders (`stoker.plan`). The default, `order="spread"`',
+        "(`SpreadOrder`): units of `shard_size` samples (one stored block's worth by default)",
+        "arrive one per turn in a permuted order, and each unit's samples, permuted, are dealt",
+        "out over its turn and the following ones by a geometric profile of mean `spread`",
+        'turns; a turn emits what it was dealt, permuted. `order="window"` (`EpochOrder`,',
+        "the default before): virtual shards of `shard_size` consecutive samples are",
+        "permuted, `window_shards` consecutive permuted shards form a shuffle window, and the",
+        "samples of each window are permuted.",
         "",
         f"* **Command:** `.venv/bin/python benchmarks/shuffle_quality.py` (it runs the peers' "
         f"part as `.venv-peers/bin/python benchmarks/shuffle_peers.py`, orders passed back "
@@ -249,7 +292,12 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{100 * 2 * NEAR / n:.3f}%.",
         "* **resident** (memory): the most samples held at once to emit the order, counted "
         "in the unit each system holds, measured from the order:",
-        f"  * stoker: the decoded blocks of one shuffle window (the most over the windows). "
+        "  * stoker, spread order: the samples its reader holds (`stoker.loader.samples`), "
+        "each from the first slot of its unit (when the unit's block is decoded and its "
+        "samples copied out) to its own slot; every block is decoded once (**reads per "
+        "unit** 1.00; a sample whose last token lies in the next block also needs that "
+        "block's head, a partial decode, not counted);",
+        f"  * stoker, window order: the decoded blocks of one shuffle window (the most over the windows). "
         f"A block is {BLOCK_TOKENS:,} tokens by default (1 MiB of uint16 = {spb} samples), "
         "a write-time option; a sample is `seq_len + 1` tokens, so a shard also touches "
         "the block its last token falls in. A block shared by shards of different windows "
@@ -317,6 +365,20 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def stoker_family(order: str, block: int) -> Any:
+    """Whether a row is stoker's, in ``order``, with blocks of ``block`` tokens."""
+
+    def member(row: dict[str, Any]) -> bool:
+        spread = 'order="spread"' in row["config"]
+        return (
+            row["system"] == "stoker"
+            and row.get("block") == block
+            and (spread == (order == "spread"))
+        )
+
+    return member
+
+
 def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
     """The per-budget comparison in words, from the rows (best `fit` row of each family)."""
     out = ["**Reading the table.**", ""]
@@ -324,10 +386,21 @@ def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
         fit = [r for r in rows if r.get("budget") == b and r.get("tag") == "fit"]
         fams: list[tuple[str, dict[str, Any]]] = []
         for name, pred in (
-            (f"stoker, {fmt_bytes(BLOCK_TOKENS)} blocks", lambda r: r.get("block") == BLOCK_TOKENS),
             (
-                f"stoker, {fmt_bytes(SMALL_BLOCK_TOKENS)} blocks",
-                lambda r: r.get("block") == SMALL_BLOCK_TOKENS,
+                f"stoker spread, {fmt_bytes(BLOCK_TOKENS)} blocks",
+                stoker_family("spread", BLOCK_TOKENS),
+            ),
+            (
+                f"stoker spread, {fmt_bytes(SMALL_BLOCK_TOKENS)} blocks",
+                stoker_family("spread", SMALL_BLOCK_TOKENS),
+            ),
+            (
+                f"stoker window, {fmt_bytes(BLOCK_TOKENS)} blocks",
+                stoker_family("window", BLOCK_TOKENS),
+            ),
+            (
+                f"stoker window, {fmt_bytes(SMALL_BLOCK_TOKENS)} blocks",
+                stoker_family("window", SMALL_BLOCK_TOKENS),
             ),
             ("WebDataset", lambda r: r["system"] == "WebDataset"),
             ("Streaming", lambda r: r["system"] == "MosaicML Streaming"),
@@ -351,10 +424,18 @@ def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
     big = [
         r["resident"] / r["window"]
         for r in rows
-        if r.get("block") == BLOCK_TOKENS and r.get("shard") == 64 and r.get("budget")
+        if r.get("block") == BLOCK_TOKENS
+        and r.get("shard") == 64
+        and r.get("budget")
+        and r.get("window")
     ]
     out += [
-        "* With the default 1 MiB blocks, a window's memory is set by blocks, not "
+        "* The spread order holds samples, not blocks: a block is decoded once, when its "
+        "unit arrives, its samples are copied out and the block let go, so its memory is "
+        "about `spread + 1` units of samples whatever the block size, while every run of "
+        "a turn's length draws from the units of the last `D` turns. At a given memory it "
+        "therefore mixes about as well with 1 MiB blocks as with 64 KiB ones.",
+        "* With the window order and 1 MiB blocks, a window's memory is set by blocks, not "
         "samples: a 64-sample shard fills a quarter of a block and its last token may "
         "need the next block too, so a window holds "
         + (f"{min(big):.1f}-{max(big):.1f}x" if big else "several times")
@@ -416,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-samples", type=int, default=1 << 17)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--budgets", default="4096,16384", help="samples held, comma-separated")
+    ap.add_argument("--budgets", default="1024,4096,16384", help="samples held, comma-separated")
     ap.add_argument("--peer-shard", type=int, default=1000, help="samples per tar/MDS shard")
     ap.add_argument("--no-doc", action="store_true", help="print the section, do not write it")
     ap.add_argument("--json", type=Path, help="also dump the rows here")
@@ -430,16 +511,36 @@ def main(argv: list[str] | None = None) -> int:
     def stoker_row(
         ss: int, ws: int, bt: int, run: dict[str, Any], budget: int | None, tag: str
     ) -> dict[str, Any]:
-        cfg = f"shard_size={ss}, window_shards={ws} (window {ss * ws:,}), {fmt_bytes(bt)} blocks"
-        if tag == "default":
-            cfg = f"default at seq_len {SEQ_LEN}: {cfg}"
+        cfg = (
+            f'order="window", shard_size={ss}, window_shards={ws} (window {ss * ws:,}), '
+            f"{fmt_bytes(bt)} blocks"
+        )
+        if tag == "window":
+            cfg = f"the default before the spread order, at seq_len {SEQ_LEN}: {cfg}"
+            tag = "old default"
         row = {"system": "stoker", "config": cfg, "tag": tag, "budget": budget, "block": bt}
         row.update(shard=ss, window=ss * ws)
         row.update(resident=run["resident"], reads=run["reads"])
         row["short"] = f"shard_size={ss}, window_shards={ws}"
         return score(row, run["order"], n)
 
+    def spread_row(
+        unit: int, mean: int, bt: int, run: dict[str, Any], budget: int | None, tag: str
+    ) -> dict[str, Any]:
+        cfg = f'order="spread", shard_size={unit}, spread={mean}, {fmt_bytes(bt)} blocks'
+        if tag == "default":
+            cfg = f"default at seq_len {SEQ_LEN}: {cfg}"
+        row = {"system": "stoker", "config": cfg, "tag": tag, "budget": budget, "block": bt}
+        row.update(shard=unit, window=None, resident=run["resident"], reads=run["reads"])
+        row["short"] = f'order="spread", spread={mean}'
+        return score(row, run["order"], n)
+
     for b in budgets:
+        for unit, bt in SPREAD_CONFIGS:
+            mean, run = spread_fit(n, seed, unit, b)
+            tag = "fit" if run["resident"] <= b else "smallest (over budget)"
+            rows.append(spread_row(unit, mean, bt, run, b, tag))
+            print(f"stoker spread, block {bt} budget {b}: spread={mean}", flush=True)
         for ss, bt in STOKER_CONFIGS:
             ws, run = stoker_fit(n, seed, ss, b, bt)
             tag = "fit" if run["resident"] <= b else "smallest (over budget)"
@@ -448,9 +549,16 @@ def main(argv: list[str] | None = None) -> int:
                 run = stoker_run(n, seed, ss, b // ss, bt)
                 rows.append(stoker_row(ss, b // ss, bt, run, b, "nominal"))
             print(f"stoker shard {ss} block {bt} budget {b}: window_shards={ws}", flush=True)
-    dss, dws = (1 << 20) // SEQ_LEN, ShuffleConfig().window_shards  # resolve() at seq_len 2048
-    run = stoker_run(n, seed, dss, dws, BLOCK_TOKENS)
-    rows.append(stoker_row(dss, dws, BLOCK_TOKENS, run, None, "default"))
+    default = ShuffleConfig().resolve(SEQ_LEN, BLOCK_TOKENS)
+    assert default.shard_size is not None and default.order == "spread"
+    run = spread_run(n, seed, default.shard_size, default.spread)
+    rows.append(spread_row(default.shard_size, default.spread, BLOCK_TOKENS, run, None, "default"))
+    window = ShuffleConfig(order="window").resolve(SEQ_LEN, BLOCK_TOKENS)
+    assert window.shard_size is not None
+    run = stoker_run(n, seed, window.shard_size, window.window_shards, BLOCK_TOKENS)
+    rows.append(
+        stoker_row(window.shard_size, window.window_shards, BLOCK_TOKENS, run, None, "window")
+    )
 
     # peers
     spec = {

@@ -89,3 +89,52 @@ class Permutation:
 
     def inverse(self, idx: np.ndarray | int) -> np.ndarray:
         return self._walk(idx, self._decrypt)
+
+
+def derive_keys(prefix: int, parts: np.ndarray) -> np.ndarray:
+    """``derive_key(*prefix_parts, p)`` for each ``p`` in ``parts``, vectorised, where
+    ``prefix = derive_key(*prefix_parts)`` (uint64 keys)."""
+    with np.errstate(over="ignore"):
+        p = np.asarray(parts, dtype=np.int64).astype(np.uint64)
+        return _mix_array(np.uint64(prefix) ^ _mix_array(p))
+
+
+def permute(
+    idx: np.ndarray, keys: np.ndarray, n: int | np.ndarray, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """``Permutation(n, k)(i)`` for every pair ``(i, k)`` of ``idx`` and ``keys``
+    (uint64, one per index; or, with ``rows``, a table of keys and the row of each
+    index): the same bijections as :class:`Permutation`, many keys (and domains: ``n``
+    may be one per index) in one vectorised pass."""
+    x = np.asarray(idx, dtype=np.int64)
+    size = np.asarray(n, dtype=np.int64)
+    if x.size and (x.min() < 0 or bool((x >= size).any())):
+        raise IndexError(f"index out of range [0, {n})")
+    bits = np.maximum(2, np.frexp((size - 1).astype(np.float64))[1])  # (n - 1).bit_length()
+    half = ((bits + 1) // 2).astype(np.uint64)
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    bound = size.astype(np.uint64)
+    per = half.ndim > 0  # domains per index: select them with the indices walked again
+    with np.errstate(over="ignore"):
+        base = _mix_array(np.uint64(0x5EED5EED5EED5EED) ^ _mix_array(keys.astype(np.uint64)))
+        rounds = [_mix_array(base ^ np.uint64(mix64(r))) for r in range(_ROUNDS)]
+        if rows is not None:
+            rounds = [k[rows] for k in rounds]
+
+        def step(y: np.ndarray, sel: np.ndarray | slice) -> np.ndarray:
+            h, m = (half[sel], mask[sel]) if per else (half, mask)
+            left, right = y >> h, y & m
+            for k in rounds:
+                left, right = right, left ^ (_mix_array(right ^ k[sel]) & m)
+            return (left << h) | right
+
+        y = step(x.astype(np.uint64), slice(None))
+        out = np.nonzero(y >= bound)[0]
+        while out.size:
+            y[out] = step(y[out], out)
+            out = out[y[out] >= (bound[out] if per else bound)]
+    return (
+        np.where(size == 1, 0, y.astype(np.int64))
+        if per
+        else (x.copy() if int(size) == 1 else y.astype(np.int64))
+    )

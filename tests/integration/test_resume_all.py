@@ -15,6 +15,7 @@ from .helpers import Written, write_dataset
 
 SEQ_LEN, B = 32, 8
 CONFIG: dict[str, Any] = {"seed": 5, "shard_size": 6, "window_shards": 3}
+SPREAD = stoker.ShuffleConfig(seed=5, shard_size=6, window_shards=3, order="spread", spread=2)
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +48,16 @@ def front_ends(written: Written, tmp_path_factory: pytest.TempPathFactory) -> di
     def dataset() -> stoker.TokenDataset:
         return stoker.TokenDataset(str(written.path), SEQ_LEN, batch_size=B, **CONFIG)
 
+    def spread() -> stoker.TokenDataset:  # the second order, through the same front ends
+        return stoker.TokenDataset(str(written.path), SEQ_LEN, batch_size=B, shuffle=SPREAD)
+
     states = itertools.count()
     root = tmp_path_factory.mktemp("coordinator")
 
-    def fed(num_workers: int) -> stoker.TokenLoader:
+    def fed(num_workers: int, of: Any = dataset) -> stoker.TokenLoader:
         # a fresh coordinator (state directory) each time: the old job is gone
         state = str(root / f"state{next(states)}")
-        return stoker.TokenLoader(
-            dataset(), num_workers, coordinator="rank0", coordinator_state=state
-        )
+        return stoker.TokenLoader(of(), num_workers, coordinator="rank0", coordinator_state=state)
 
     fes = [
         FrontEnd("dataset", dataset, item_ids),
@@ -71,6 +73,15 @@ def front_ends(written: Written, tmp_path_factory: pytest.TempPathFactory) -> di
         ),
         FrontEnd("coordinator0", lambda: fed(0), batch_ids, ordered=False, epoch_of=fed_epoch),
         FrontEnd("coordinator2", lambda: fed(2), batch_ids, ordered=False, epoch_of=fed_epoch),
+        FrontEnd("spread_dataset", spread, item_ids),
+        FrontEnd("spread_loader2", lambda: stoker.TokenLoader(spread(), 2), batch_ids),
+        FrontEnd(
+            "spread_coordinator0",
+            lambda: fed(0, spread),
+            batch_ids,
+            ordered=False,
+            epoch_of=fed_epoch,
+        ),
     ]
     return {fe.name: fe for fe in fes}
 
@@ -83,6 +94,9 @@ NAMES = [
     "prefetcher",
     "coordinator0",
     "coordinator2",
+    "spread_dataset",
+    "spread_loader2",
+    "spread_coordinator0",
 ]
 
 
@@ -97,12 +111,12 @@ def test_the_reference_is_every_sample_once_per_epoch(
     assert len(ref) == 2
     for e, epoch in enumerate(ref):
         assert_same_samples([i for u in epoch for i in u], range(n), f"{name}, epoch {e}")
-        size = 1 if name == "dataset" else B
+        size = 1 if name.endswith("dataset") else B
         assert all(len(u) == size for u in epoch[:-1]) and 1 <= len(epoch[-1]) <= size
     assert ref[0] != ref[1]  # shuffled anew: resuming into the wrong epoch would show
     if fe.ordered:  # every static front end hands out the dataset's one order
         flat = [[i for u in epoch for i in u] for epoch in ref]
-        items = front_ends["dataset"].reference()
+        items = front_ends["spread_dataset" if "spread" in name else "dataset"].reference()
         assert flat == [[i for u in epoch for i in u] for epoch in items]
 
 

@@ -17,6 +17,10 @@ def blocks_of(ids: np.ndarray, seq_len: int, bt: int) -> set[int]:
     return out
 
 
+def span_ids(order: plan.SpreadOrder, w: int) -> np.ndarray:
+    return np.concatenate([np.arange(a, b) for a, b in order.window_spans(w)])
+
+
 @settings(max_examples=120, deadline=None)
 @given(
     S=hs.integers(1, 300),
@@ -29,7 +33,7 @@ def blocks_of(ids: np.ndarray, seq_len: int, bt: int) -> set[int]:
     data=hs.data(),
 )
 def test_the_windows_a_cache_holds_are_reported(S, seq_len, bt, shard, ws, shuffle, epoch, data):
-    config = plan.ShuffleConfig(7, shuffle, shard, ws)
+    config = plan.ShuffleConfig(7, shuffle, shard, ws, order="window")
     order = plan.EpochOrder(S, config, epoch)
     starts = order.window_start(np.arange(order.num_windows + 1)).tolist()
     w = data.draw(hs.integers(0, order.num_windows - 1))
@@ -46,3 +50,36 @@ def test_the_windows_a_cache_holds_are_reported(S, seq_len, bt, shard, ws, shuff
         need = blocks_of(order.samples(np.arange(starts[v], starts[v + 1])), seq_len, bt)
         assert inside == (len(need & held) >= 0.5 * len(need))
     assert local_ranges(S, seq_len, bt, config, epoch, []) == []
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    S=hs.integers(1, 300),
+    seq_len=hs.integers(1, 40),
+    bt=hs.integers(8, 200),
+    unit=hs.integers(1, 20),
+    ws=hs.integers(1, 4),
+    spread=hs.integers(1, 4),
+    epoch=hs.integers(0, 3),
+    data=hs.data(),
+)
+def test_spread_windows_are_their_units_blocks(S, seq_len, bt, unit, ws, spread, epoch, data):
+    """With order="spread" a window is the units its turns deal from: a node that holds
+    half their blocks is local to it, and its slots hold only their samples."""
+    config = plan.ShuffleConfig(7, True, unit, ws, "spread", spread)
+    order = plan.SpreadOrder(S, config, epoch)
+    starts = order.window_start(np.arange(order.num_windows + 1)).tolist()
+    w = data.draw(hs.integers(0, order.num_windows - 1))
+    slots = order.samples(np.arange(starts[w], starts[w + 1]))
+    assert set(slots.tolist()) <= set(span_ids(order, w).tolist())
+    held = blocks_of(span_ids(order, w), seq_len, bt)
+    got = local_ranges(S, seq_len, bt, config, epoch, held)
+    base = epoch * S
+    assert any(a <= base + starts[w] and base + starts[w + 1] <= b for a, b in got)
+    for v in range(order.num_windows):
+        lo, hi = base + starts[v], base + starts[v + 1]
+        if lo == hi:
+            continue
+        inside = any(a <= lo and hi <= b for a, b in got)
+        need = blocks_of(span_ids(order, v), seq_len, bt)
+        assert inside == (len(need & held) >= 0.5 * len(need))

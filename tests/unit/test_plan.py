@@ -49,16 +49,17 @@ def geometry(draw: st.DrawFn, min_samples: int = 1, max_windows: int = 40) -> tu
 def order(
     S: int, shard: int, window: int, seed: int, epoch: int, shuffle: bool = True
 ) -> EpochOrder:
-    return EpochOrder(S, ShuffleConfig(seed, shuffle, shard, window), epoch)
+    return EpochOrder(S, ShuffleConfig(seed, shuffle, shard, window, order="window"), epoch)
 
 
 # -- config -----------------------------------------------------------------------------
 
 
 def test_resolve_picks_about_a_mebitoken_per_shard() -> None:
-    assert ShuffleConfig().resolve(1024).shard_size == 1024
-    assert ShuffleConfig().resolve(4096).shard_size == 256
-    assert ShuffleConfig().resolve(1 << 21).shard_size == 1  # never below one sample
+    window = ShuffleConfig(order="window")
+    assert window.resolve(1024).shard_size == 1024
+    assert window.resolve(4096).shard_size == 256
+    assert window.resolve(1 << 21).shard_size == 1  # never below one sample
     assert ShuffleConfig(shard_size=7).resolve(1024).shard_size == 7
 
 
@@ -141,7 +142,7 @@ def test_epochs_and_seeds_change_the_order(
 
 
 def test_stream_lays_data_epochs_end_to_end() -> None:
-    S, cfg = 500, ShuffleConfig(3, True, 16, 4)
+    S, cfg = 500, ShuffleConfig(3, True, 16, 4, order="window")
     stream = Stream(S, cfg)
     p = np.arange(4 * S)
     ids = stream.samples(p)
@@ -155,7 +156,7 @@ def test_stream_lays_data_epochs_end_to_end() -> None:
 
 def test_plans_cost_no_memory_in_the_number_of_samples() -> None:
     S = 10**12
-    cfg = ShuffleConfig(seed=1, shard_size=1024, window_shards=16)
+    cfg = ShuffleConfig(seed=1, shard_size=1024, window_shards=16, order="window")
     o = EpochOrder(S, cfg, epoch=3)
     slots = np.concatenate([np.arange(500), S - 1 - np.arange(500)])
     ids = o.samples(slots)

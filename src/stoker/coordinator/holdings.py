@@ -1,8 +1,9 @@
 """Which positions of an epoch a node's cache already holds (pure).
 
 A shuffle window's positions are a permutation of the samples of its
-``window_shards`` shards (``plan.EpochOrder``), so a window is the unit a node
-can be local to: the coordinator grants a node the windows whose blocks its
+``window_shards`` shards (``plan.EpochOrder``; with ``order="spread"``, of the units
+its turns deal from, ``plan.SpreadOrder``), so a window is the unit a node can be
+local to: the coordinator grants a node the windows whose blocks its
 cache mostly holds before the others (``Config.locality``). Smaller windows
 make more of them local; a window of many shards mixes shards that different
 nodes cached.
@@ -32,17 +33,14 @@ def local_ranges(
     if held_set.size == 0 or num_samples == 0:
         return []
     held_set.sort()
-    order = plan.EpochOrder(num_samples, config, epoch)
-    ss, ws, S = order.ss, order.ws, num_samples
-    base = epoch * S
+    order = plan.epoch_order(num_samples, config, epoch)
+    base = epoch * num_samples
     out: list[tuple[int, int]] = []
     for w in range(order.num_windows):
         lo, hi = (int(x) for x in order.window_start(np.array([w, w + 1])))
-        if config.shuffle:
-            shards = order.shards(np.arange(w * ws, min((w + 1) * ws, order.ns), dtype=np.int64))
-            spans = [(int(s) * ss, min((int(s) + 1) * ss, S)) for s in shards]
-        else:
-            spans = [(lo, hi)]  # slots are samples
+        spans = order.window_spans(w)
+        if not spans:
+            continue
         # samples [a, b) are tokens [a * L, b * L + 1)
         parts = [np.arange(a * seq_len // block_tokens, b * seq_len // block_tokens + 1)
                  for a, b in spans]  # fmt: skip

@@ -36,7 +36,14 @@ def _stream(text: str) -> plan.Stream | None:
     if not text:
         return None
     s = json.loads(text)
-    config = plan.ShuffleConfig(s["seed"], s["shuffle"], s["shard_size"], s["window_shards"])
+    config = plan.ShuffleConfig(
+        s["seed"],
+        s["shuffle"],
+        s["shard_size"],
+        s["window_shards"],
+        s.get("order", "window"),  # absent: written before there was a second order
+        s.get("spread", plan.ShuffleConfig.spread),
+    )
     return plan.Stream(int(s["num_samples"]), config)
 
 

@@ -125,15 +125,52 @@ class BlockCodec:
         tokens = (
             unshuffle_bytes(raw, self.dtype) if self.shuffle else np.frombuffer(raw, self.dtype)
         )
-        limit = 4 * (num_tokens if num_starts is None else num_starts)
-        bounds_raw = (
-            _bounded(dctx, view[token_bytes:], limit, "document starts")
-            if len(view) > token_bytes
-            else b""
-        )
-        if len(bounds_raw) % 4:
-            raise ValueError(f"document starts frame of {len(bounds_raw)} bytes is not uint32s")
-        return tokens, np.frombuffer(bounds_raw, dtype="<u4")
+        return tokens, _starts(dctx, view[token_bytes:], num_tokens, num_starts)
+
+    def decode_prefix(
+        self,
+        record: bytes | memoryview,
+        token_bytes: int,
+        num_tokens: int,
+        prefix: int,
+        num_starts: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``prefix`` tokens of a block record and all its document starts,
+        decoding only as much of the tokens frame as they need (the whole of it with the
+        byte-shuffle filter, whose planes span the block)."""
+        if self.shuffle or prefix >= num_tokens:
+            tokens, starts = self.decode(record, token_bytes, num_tokens, num_starts)
+            return tokens[:prefix], starts
+        view = memoryview(record)
+        want = prefix * self.dtype.itemsize
+        try:
+            claimed = zstandard.frame_content_size(view[:token_bytes])
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"tokens frame is not a zstd frame ({exc})") from exc
+        if claimed > num_tokens * self.dtype.itemsize:
+            raise ValueError(f"tokens frame claims {claimed} bytes, more than the block holds")
+        with self._dctx().stream_reader(view[:token_bytes]) as reader:
+            raw = reader.read(want)
+            while len(raw) < want:  # read() may return less than asked: keep reading
+                more = reader.read(want - len(raw))
+                if not more:
+                    break
+                raw += more
+        if len(raw) != want:
+            raise ValueError(f"block holds fewer than the {prefix} tokens it should")
+        starts = _starts(self._dctx(), view[token_bytes:], num_tokens, num_starts)
+        return np.frombuffer(raw, self.dtype), starts
+
+
+def _starts(
+    dctx: zstandard.ZstdDecompressor, frame: memoryview, num_tokens: int, num_starts: int | None
+) -> np.ndarray:
+    """The document starts of a bounds frame (empty: none), no more than the block holds."""
+    limit = 4 * (num_tokens if num_starts is None else num_starts)
+    raw = _bounded(dctx, frame, limit, "document starts") if len(frame) else b""
+    if len(raw) % 4:
+        raise ValueError(f"document starts frame of {len(raw)} bytes is not uint32s")
+    return np.frombuffer(raw, dtype="<u4")
 
 
 def _bounded(dctx: zstandard.ZstdDecompressor, frame: memoryview, limit: int, what: str) -> bytes:

@@ -123,7 +123,9 @@ class TokenSource:
         """Tokens and document starts of ``block``."""
         return self.decode(block, self.record(block))
 
-    def decode(self, block: int, record: bytes | memoryview) -> tuple[np.ndarray, np.ndarray]:
+    def decode(
+        self, block: int, record: bytes | memoryview, prefix: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and document starts of ``block`` from its verified ``record``, checked
         against the manifest: every process that decodes a block (a reader, a loader
         worker, the node agent) goes through here.
@@ -132,15 +134,25 @@ class TokenSource:
         (its length, the vocabulary, the number and range of document starts) means
         the manifest and the data disagree: a :class:`ManifestError` naming the file
         and the block, never tokens handed to training.
+
+        With ``prefix``, only the block's first ``prefix`` tokens (and all its document
+        starts) are decoded and checked: what a sample that ends in this block needs.
         """
         m = self.manifest
         entry = self.index[block]
         n = m.block_len(block)
         where = f"{self.storage.url_of(m.block_file(block).path)}: block {block}"
         try:
-            tokens, starts = self.codec.decode(
-                record, int(entry["token_bytes"]), n, int(entry["doc_starts"])
-            )
+            if prefix is not None and prefix < n:
+                tokens, starts = self.codec.decode_prefix(
+                    record, int(entry["token_bytes"]), n, prefix, int(entry["doc_starts"])
+                )
+                n_check = prefix
+            else:
+                tokens, starts = self.codec.decode(
+                    record, int(entry["token_bytes"]), n, int(entry["doc_starts"])
+                )
+                n_check = n
         except (ValueError, zstandard.ZstdError) as exc:
             raise ManifestError(
                 f"{where} does not decode as the manifest describes it ({exc}); the manifest "
@@ -157,7 +169,7 @@ class TokenSource:
             raise ManifestError(
                 f"{where}: its document starts are not increasing offsets inside its {n} tokens"
             )
-        top = int(tokens.max()) if n else 0
+        top = int(tokens.max()) if n_check else 0
         if top >= m.vocab_size:
             raise ManifestError(
                 f"{where} holds token id {top}, outside the manifest's vocabulary "

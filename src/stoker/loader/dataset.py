@@ -16,6 +16,7 @@ from stoker.formats.tokens import Metadata, TokenSource
 from stoker.loader.arena import NEVER, BlockArena, first_uses
 from stoker.loader.batch import Field, Layout
 from stoker.loader.planned import PlannedDataset
+from stoker.loader.samples import SampleReader
 from stoker.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -45,9 +46,17 @@ class TokenDataset(PlannedDataset):
     each epoch to choose, or use torchdata's StatefulDataLoader or
     :class:`~stoker.TokenLoader` to continue a broken-off epoch.
 
-    ``shuffle`` is True, False or a :class:`~stoker.ShuffleConfig` (seed, shard size,
-    shuffle window), which then replaces ``seed``, ``shard_size`` and
-    ``window_shards``.
+    ``shuffle`` is True, False or a :class:`~stoker.ShuffleConfig` (seed, order, unit
+    or shard size, spread or shuffle window), which then replaces ``seed``,
+    ``shard_size`` and ``window_shards``. The default order, ``"spread"``, deals each
+    stored block's samples out over the next few blocks' turns; its reader holds only
+    the samples decoded and not yet taken (about ``spread + 1`` blocks' worth: some
+    6 MiB at ``seq_len`` 2048 with 1 MiB blocks). ``ShuffleConfig(order="window")`` is
+    the order stoker had before (shuffle windows of ``window_shards`` shards; its reader
+    holds two windows of decoded blocks, about 150 MiB by default), and the order of
+    every state saved before it had a second one. ``arena_blocks`` reads through a
+    decoded-block arena of that many blocks whatever the order (the window order's
+    reader).
 
     Caching: ``cache=stoker.AgentConfig(directory, cache_limit=..., ...)`` reads
     blocks through the node agent that owns that directory, started with those
@@ -137,7 +146,7 @@ class TokenDataset(PlannedDataset):
             config = shuffle
         else:
             config = plan.ShuffleConfig(seed, bool(shuffle), shard_size, window_shards)
-        self.shuffle_config = config.resolve(seq_len)
+        self.shuffle_config = config.resolve(seq_len, m.block_tokens)
         self.drop_remainder = drop_remainder
         self.rank, self.world_size = rank, world_size
         self.doc_starts = doc_starts
@@ -161,6 +170,8 @@ class TokenDataset(PlannedDataset):
             "shuffle": c.shuffle,
             "shard_size": c.shard_size,
             "window_shards": c.window_shards,
+            # only beside the second order: states saved before it existed name none
+            **({"order": c.order, "spread": c.spread} if c.order != "window" else {}),
         }
 
     @property
@@ -173,9 +184,26 @@ class TokenDataset(PlannedDataset):
     def layout(self) -> Layout:
         return TokenReader.layout_for(self.seq_len, self.doc_starts)
 
-    def open_reader(self) -> TokenReader:
+    def open_reader(self) -> TokenReader | SampleReader:
         c = self.shuffle_config
         assert c.shard_size is not None
+        m = self.source.manifest
+        if c.order == "spread" and self.arena_blocks is None and self.seq_len + 1 <= m.block_tokens:
+            # a unit's samples are all dealt out within D turns of its arrival
+            D = len(plan.spread_profile(c.shard_size, c.spread))
+            local = self.agent is not None or self.source.storage.protocol == "file"
+            horizon = max(PLAN_CHUNK // 4, (D + 1) * c.shard_size)
+            return SampleReader(
+                self.source,
+                self.seq_len,
+                self.doc_starts,
+                horizon,
+                self.agent,
+                # a turn's read-ahead from local data (or an agent, which prefetches for
+                # its readers), four from a network
+                ahead=c.shard_size * (1 if local else 4),
+                gap=2 * c.shard_size + 1,  # a unit's samples come at least once a turn
+            )
         horizon = min(max(PLAN_CHUNK, c.shard_size * c.window_shards), 1 << 16)
         return TokenReader(
             self.source, self.seq_len, self._arena_slots(), self.doc_starts, horizon, self.agent

@@ -181,6 +181,14 @@ def check(state: Any, identity: dict[str, Any]) -> None:
     check_version(state)
     # IDENTITY_FIELDS (in this order) for tokens; a kind's own fields otherwise
     names = [n for n in IDENTITY_FIELDS if n in identity]
+    order = state.get("order", "window")
+    if order != identity.get("order", "window"):  # a state of one order never resumes another
+        raise StateError(
+            f"state was saved for another configuration: order is {order!r} in the state "
+            f"but {identity.get('order', 'window')!r} here; to resume it, read with "
+            f"shuffle=ShuffleConfig(order={order!r}) (states saved before stoker had a "
+            "second order are 'window' ones)"
+        )
     for name in names + [n for n in identity if n not in names]:
         mine, theirs = identity[name], state.get(name)
         if not _same(theirs, mine):

@@ -1,0 +1,487 @@
+"""The sample-resident reader: it holds decoded samples, not decoded blocks.
+
+A :class:`SampleReader` knows the samples its consumer takes next, in order (its
+plan). It decodes each stored block for the samples of the plan that need it within
+``horizon`` of the block's first use, copies their tokens (and document-start flags,
+packed as bits) into rows of its slab, and lets the block go. What it holds is the
+samples decoded but not yet taken, plus the few blocks its threads have in hand:
+with ``order="spread"`` (:class:`stoker.plan.SpreadOrder`) about ``spread + 1`` units
+of samples, whatever the size of the dataset.
+
+A *job* is one block to decode and the parts of samples it fills (the tokens of a
+sample that lie in that block; a sample that crosses a block's end has a part in each
+block). Jobs are cut from the plan, vectorised, each time the plan changes; they run
+on the reader's decode threads in order of first use, at most ``inflight`` at a time,
+and one is admitted only when the slab has free rows for the samples it starts, except
+the job the next batch needs, which always is (the slab holds as many rows as a plan
+has samples, so that never fails; rows are reused last-freed first, so only about the
+most ever held are touched, and only those take memory).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from stoker.formats.tokens import TokenSource
+from stoker.loader.batch import Field, Layout
+
+if TYPE_CHECKING:
+    from stoker.cache.client import AgentClient
+
+
+class SampleReader:
+    """Turns the planned sample ids into token windows through a slab of decoded samples.
+
+    ``horizon``: how far past a block's first use its decode also fills the samples
+    that need it (further ones have the block decoded again); the reader asks to be
+    planned twice as far ahead. ``ahead``: how many samples ahead of the next one a
+    block is read and decoded (default ``horizon // 8``); what is filled early is held
+    early, so this is memory. ``gap``: a sample that ends in a block further than this
+    from the block's other uses is a job of its own. Blocks are fetched as many at a
+    time as the storage allows (from a network; from local files by the decoding
+    threads themselves), but only ``decoding`` are decoded and copied at once (each
+    holds a decoded block meanwhile, and each thread keeps what its allocations leave:
+    one is enough beside a consumer on one core).
+    """
+
+    def __init__(
+        self,
+        source: TokenSource,
+        seq_len: int,
+        doc_starts: bool,
+        horizon: int,
+        agent: AgentClient | None = None,
+        ahead: int | None = None,
+        gap: int | None = None,
+        decoding: int = 1,
+    ) -> None:
+        m = source.manifest
+        if seq_len + 1 > m.block_tokens:
+            raise ValueError(
+                f"a sample of {seq_len + 1} tokens is longer than a block ({m.block_tokens})"
+            )
+        self.source = source
+        self.L = seq_len
+        self.width = seq_len + 1
+        self.bt = m.block_tokens
+        self.reach = max(1, horizon)
+        # planned this far ahead, a job's block is never cut short by the plan's end: a
+        # job starts ``ahead`` of its first use and fills up to ``reach`` past it
+        self.horizon = 2 * self.reach
+        self.doc_starts = doc_starts
+        self.layout = Layout(self.layout_fields(seq_len, doc_starts))
+        self.agent = agent
+        self.dataset_id = m.dataset_id
+        if agent is not None:
+            agent.open(source.url, source.storage.storage_options, m.dataset_id)
+        self._dtype = m.np_dtype
+        self._nbits = -(-self.width // 8)
+        self._tok = np.zeros((0, self.width), dtype=self._dtype)
+        self._bits = np.zeros((0, self._nbits if doc_starts else 0), dtype=np.uint8)
+        self._free: list[int] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        # fetches wait for a network, not local reads: more threads than decode for those,
+        # and a record read for one job is kept for the next instead of fetched again
+        storage = source.storage
+        local = storage.protocol == "file"
+        self._threads = decoding if local else storage.max_inflight
+        self._stash_limit = 0 if local else _STASH
+        self._inflight_max = self._threads
+        self._ahead = max(1, ahead if ahead is not None else self.reach // 8)
+        self._gap = max(1, gap if gap is not None else self.reach // 8)
+        self._decoding = threading.Semaphore(max(1, decoding))
+        self._inflight = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: set[Future[None]] = set()
+        self._error: BaseException | None = None
+        self._closed = False
+        # the plan: ids, and per sample its row (-1: none), parts not yet filled, parts
+        # given to a job (bit p: part p); ``base`` numbers the plan's first sample across
+        # plans, so a job started under an earlier plan finds its samples
+        self._seq = np.zeros(0, dtype=np.int64)
+        self._row = np.zeros(0, dtype=np.int64)
+        self._missing = np.zeros(0, dtype=np.int64)
+        self._given = np.zeros(0, dtype=np.uint8)
+        self._base = 0
+        self._pos = 0
+        self._needed = 0  # plan index the batch being taken reaches
+        self._jobs = _Jobs.empty()
+        self._stash: dict[int, bytes] = {}  # block -> its record, kept for its next job
+        self._turns: dict[int, deque[int]] = {}  # block -> tickets of its jobs started
+        self._ticket = 0
+        self.decoded = 0  # blocks decoded (or mapped from the agent), for tests and metrics
+        self.heads = 0  # of them, decoded only as far as samples that end in them need
+
+    @staticmethod
+    def layout_fields(seq_len: int, doc_starts: bool) -> dict[str, Field]:
+        fields = {"tokens": Field(torch.int64, (seq_len + 1,))}
+        if doc_starts:
+            fields["doc_start_mask"] = Field(torch.bool, (seq_len + 1,))
+        return fields
+
+    # -- the plan -----------------------------------------------------------------------
+    def plan(self, upcoming: np.ndarray) -> None:
+        """The samples that come next, in order (the next fill starts with the first)."""
+        upcoming = np.asarray(upcoming, dtype=np.int64)
+        with self._lock:
+            self._raise_error()
+            old = self._seq[self._pos :]
+            n = min(len(old), len(upcoming))
+            diff = np.nonzero(old[:n] != upcoming[:n])[0]
+            keep = int(diff[0]) if len(diff) else n
+            if keep < len(old):  # the rest of the old plan is not read: let its rows go
+                while self._inflight:  # (rare: a lease cut short) its jobs finish first
+                    self._changed.wait()
+                self._raise_error()
+                gone = self._row[self._pos + keep :]
+                self._free.extend(gone[gone >= 0].tolist())
+            p, k = self._pos, keep
+            new = upcoming[keep:]
+            self._seq = upcoming
+            self._row = np.concatenate([self._row[p : p + k], np.full(len(new), -1)])
+            self._missing = np.concatenate([self._missing[p : p + k], self._parts(new)])
+            self._given = np.concatenate(
+                [self._given[p : p + k], np.zeros(len(new), dtype=np.uint8)]
+            )
+            self._base += p
+            self._pos = 0
+            self._needed = 0
+            if len(upcoming) > len(self._tok):
+                self._grow(len(upcoming))
+            self._jobs = self._cut()
+            blocks = self._jobs.block[self._jobs.order[: 4 * self._inflight_max]]
+            self._pump()
+        if self.agent is not None:
+            self.agent.plan(self.dataset_id, blocks.tolist())
+
+    def _parts(self, ids: np.ndarray) -> np.ndarray:
+        """How many blocks each sample's tokens lie in."""
+        s = ids * self.L
+        return np.asarray((s + self.L) // self.bt - s // self.bt + 1, dtype=np.int64)
+
+    def _grow(self, rows: int) -> None:
+        """A slab of ``rows`` rows (zeros: pages are taken only when first written). Jobs in
+        flight write into the slab, so they finish first."""
+        while self._inflight:
+            self._changed.wait()
+        tok = np.zeros((rows, self.width), dtype=self._dtype)
+        bits = np.zeros((rows, self._bits.shape[1]), dtype=np.uint8)
+        used = self._row[self._row >= 0]  # only rows that hold samples: the rest untouched
+        tok[used] = self._tok[used]
+        bits[used] = self._bits[used]
+        held = len(self._tok)
+        self._tok, self._bits = tok, bits
+        # rows last freed are taken first: the low rows, already touched, before new ones
+        self._free = list(range(rows - 1, held - 1, -1)) + self._free
+
+    def _cut(self) -> _Jobs:
+        """The jobs that fill every part of the plan no job was given yet, in order of
+        first use: per block, one job per ``reach`` samples from its first use, and one of
+        its own for a sample that ends in the block more than ``gap`` samples before or
+        after the block's other uses (it decodes only the block's head, instead of filling
+        the block's samples early)."""
+        seq, L, bt = self._seq, self.L, self.bt
+        k = np.arange(len(seq), dtype=np.int64)
+        first = seq * L // bt
+        extra = (seq * L + L) // bt - first
+        ks, bs, ps = [k], [first], [np.zeros(len(k), dtype=np.int64)]
+        for p in range(1, int(extra.max()) + 1 if len(extra) else 1):
+            sel = extra >= p
+            ks.append(k[sel])
+            bs.append(first[sel] + p)
+            ps.append(np.full(int(sel.sum()), p, dtype=np.int64))
+        K, B, P = np.concatenate(ks), np.concatenate(bs), np.concatenate(ps)
+        open_ = ((self._given[K] >> P.astype(np.uint8)) & 1) == 0
+        K, B, P = K[open_], B[open_], P[open_]
+        if not len(K):
+            return _Jobs.empty()
+        by = np.lexsort((K, B))
+        K, B, P = K[by], B[by], P[by]
+        # a run: a block's uses, a head part (of a sample begun in the block before) apart
+        # from the others when more than ``gap`` lies between; cut in pieces of ``reach``
+        # samples from the run's first use
+        head = P >= 1
+        apart = (K[1:] - K[:-1] > self._gap) & (head[1:] | head[:-1])
+        run_start = np.concatenate([[True], (B[1:] != B[:-1]) | apart])
+        run = np.maximum.accumulate(np.where(run_start, np.arange(len(K)), 0))
+        piece = (K - K[run]) // self.reach
+        start = run_start | np.concatenate([[True], piece[1:] != piece[:-1]])
+        # a job that only fills heads (the parts of samples begun in the block before)
+        # joins the job of the same block before it: a row taken early, no second read
+        at = np.nonzero(start)[0]
+        heads = np.minimum.reduceat(P >= 1, at).astype(bool)
+        after = np.concatenate([[False], B[at[1:]] == B[at[1:] - 1]])
+        near = np.concatenate([[False], K[at[1:]] - K[run[at[1:] - 1]] < 2 * self.reach])
+        start[at[heads & after & near]] = False
+        bounds = np.concatenate([np.nonzero(start)[0], [len(K)]])
+        firsts, blocks = K[bounds[:-1]], B[bounds[:-1]]
+        # a job whose block another job of this plan reads later keeps its record for it
+        keep = np.concatenate([blocks[1:] == blocks[:-1], [False]])
+        return _Jobs(K, P, bounds, blocks, np.lexsort((blocks, firsts)), firsts, keep)
+
+    # -- running jobs ---------------------------------------------------------------------
+    def _pump(self) -> None:
+        """Start jobs in order while there is room (under the lock). A job whose first
+        sample the batch being taken needs (plan index below ``_needed``) starts whatever
+        the room."""
+        jobs = self._jobs
+        while jobs.next < len(jobs.order) and self._inflight < self._inflight_max:
+            j = int(jobs.order[jobs.next])
+            lo, hi = int(jobs.bounds[j]), int(jobs.bounds[j + 1])
+            ks, ps = jobs.k[lo:hi], jobs.p[lo:hi]
+            fresh = ks[self._row[ks] < 0]
+            first = int(jobs.first[j])
+            if first >= self._needed and (
+                first >= self._pos + self._ahead or len(fresh) > len(self._free)
+            ):
+                return
+            if len(fresh):
+                rows = [self._free.pop() for _ in range(len(fresh))]
+                self._row[fresh] = rows
+                if self.doc_starts:
+                    self._bits[rows] = 0  # a reused row's bits: jobs only set bits
+            self._given[ks] |= (1 << ps).astype(np.uint8)
+            jobs.next += 1
+            self._inflight += 1
+            block = int(jobs.block[j])
+            self._ticket += 1
+            self._turns.setdefault(block, deque()).append(self._ticket)
+            fut = self._decoders().submit(
+                self._run,
+                block,
+                ks + self._base,
+                self._row[ks].copy(),
+                bool(jobs.keep[j]),
+                self._ticket,
+            )
+            self._futures.add(fut)
+            fut.add_done_callback(self._futures.discard)
+
+    def _decoders(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            n = self._threads
+            self._pool = ThreadPoolExecutor(n, thread_name_prefix="stoker-io")
+            observer = self.source.storage.observer
+            observer.threads_opened(n)
+            weakref.finalize(self._pool, observer.threads_closed, n)
+        return self._pool
+
+    def _run(
+        self, block: int, numbers: np.ndarray, rows: np.ndarray, keep: bool, ticket: int
+    ) -> None:
+        """A decode thread's job: read ``block``, copy its parts of the samples planned as
+        ``numbers`` into ``rows``, let the block go. Jobs of one block run one after the
+        other, in the order they started (the threads take jobs in that order), so a job
+        finds the record an earlier one kept."""
+        with self._lock:
+            turns = self._turns[block]
+            while turns[0] != ticket:
+                self._changed.wait()
+        t = time.perf_counter()
+        try:
+            self._fill(block, numbers, rows, keep)
+        except BaseException as exc:
+            with self._lock:
+                self._error = self._error or exc
+                self._inflight -= 1
+                self._done_with(block)
+                self._changed.notify_all()
+            return
+        finally:
+            self.source.storage.observer.thread_busy(time.perf_counter() - t)
+        with self._lock:
+            self.decoded += 1
+            k = numbers - self._base
+            self._missing[k] -= 1
+            self._inflight -= 1
+            self._done_with(block)
+            if not self._closed:
+                self._pump()
+            self._changed.notify_all()
+
+    def _done_with(self, block: int) -> None:
+        """The job of ``block`` that ran first is done (under the lock)."""
+        turns = self._turns[block]
+        turns.popleft()
+        if not turns:
+            del self._turns[block]
+
+    def _fill(self, block: int, numbers: np.ndarray, rows: np.ndarray, keep: bool) -> None:
+        """Read ``block`` (through the agent, or storage), decode it and copy its parts
+        while holding one of the ``decoding`` permits, then let it go. With ``keep`` (a
+        later job reads the block again: a head of it was enough now, or other samples of
+        it come later) its record is kept for that job (a few MiB of them at most)."""
+        with self._lock:
+            ids = self._seq[numbers - self._base]
+        a = ids * self.L - block * self.bt  # each sample's first token, from the block's
+        # decoded only as far as the furthest token a sample needs (a head of the block,
+        # when its samples end early in it: those that begin in the block before)
+        prefix = min(int((a + self.width).max()), self.source.manifest.block_len(block))
+        record = None
+        if self.agent is not None:
+            got = self.agent.get(self.dataset_id, block)
+            if got.pinned:
+                from stoker.cache.layout import map_block
+
+                try:
+                    with self._decoding:
+                        toks, flags = map_block(got.path, int(got.tokens), self._dtype)
+                        self._copy(a, rows, toks, np.flatnonzero(flags))
+                        del toks, flags
+                finally:
+                    self.agent.release(self.dataset_id, [block])
+                return
+            record = got.record or None  # inline, or no agent answered: read it here
+        if record is None:
+            with self._lock:
+                record = self._stash.pop(block, None)
+        if record is None:
+            record = self.source.record(block)
+        if keep:
+            with self._lock:
+                if sum(map(len, self._stash.values())) + len(record) <= self._stash_limit:
+                    self._stash[block] = record
+        with self._decoding:
+            toks, starts = self.source.decode(block, record, prefix)
+            del record
+            self.heads += prefix < self.source.manifest.block_len(block)
+            self._copy(a, rows, toks, starts)
+
+    def _copy(self, a: np.ndarray, rows: np.ndarray, toks: np.ndarray, starts: np.ndarray) -> None:
+        """Block ``block``'s tokens and document starts of each sample into its row. A row
+        is this job's alone, but for a sample in two blocks, whose row the other block's
+        job shares: its tokens are other columns, its bits are set under the lock. ``a``:
+        each sample's first token, from the block's; ``toks``: the block, or its head."""
+        w, n = self.width, len(toks)
+        whole = (a >= 0) & (a + w <= n)
+        if whole.any():
+            windows = np.lib.stride_tricks.sliding_window_view(toks, w)
+            r, at = rows[whole], a[whole]
+            for i in range(0, len(r), _CHUNK):  # small copies: no block-sized temporary
+                self._tok[r[i : i + _CHUNK]] = windows[at[i : i + _CHUNK]]
+            if self.doc_starts:
+                self._set_bits(r, at, starts)
+        split = np.nonzero(~whole)[0]
+        for i in split.tolist():
+            row, start = int(rows[i]), int(a[i])
+            lo, hi = max(start, 0), min(start + w, n)
+            self._tok[row, lo - start : hi - start] = toks[lo:hi]
+        if self.doc_starts and len(split):
+            with self._lock:
+                self._set_bits(rows[split], a[split], starts)
+
+    def _set_bits(self, rows: np.ndarray, at: np.ndarray, starts: np.ndarray) -> None:
+        """Set the bit of every document start inside each row's window ``[at, at + w)``
+        (``starts``: sorted offsets in the block; ``at`` may be negative)."""
+        lo = np.searchsorted(starts, at)
+        hi = np.searchsorted(starts, at + self.width)
+        count = hi - lo
+        total = int(count.sum())
+        if not total:
+            return
+        which = np.repeat(np.arange(len(rows)), count)
+        flat = np.arange(total) - np.repeat(np.cumsum(count) - count, count) + lo[which]
+        off = starts[flat] - at[which]
+        np.bitwise_or.at(self._bits, (rows[which], off >> 3), (128 >> (off & 7)).astype(np.uint8))
+
+    # -- taking -------------------------------------------------------------------------
+    def fill(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Rows of the next ``len(ids)`` planned samples into ``out`` (its ``tokens`` of
+        any integer dtype wide enough for the vocabulary: the copy converts)."""
+        self.read(ids, out["tokens"], out.get("doc_start_mask"))
+
+    def read(
+        self, ids: np.ndarray, out: np.ndarray | None = None, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Windows of the next ``len(ids)`` planned samples, as int64 (into ``out`` if given)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(ids)
+        with self._lock:
+            planned = self._seq[self._pos : self._pos + n].tobytes() == ids.tobytes()
+        if not planned:
+            self.plan(ids)  # not what was planned: these, and nothing known after them
+        with self._lock:
+            p = self._pos
+            self._needed = p + n
+            self._pump()
+            while True:
+                self._raise_error()
+                if not len(self._missing[p : p + n]) or int(self._missing[p : p + n].max()) <= 0:
+                    break
+                self._changed.wait()
+            rows = self._row[p : p + n].copy()
+        if out is None:
+            out = np.empty((n, self.width), dtype=np.int64)
+        out[...] = self._tok[rows]
+        if self.doc_starts:
+            got = np.unpackbits(self._bits[rows], axis=1, count=self.width).view(bool)
+            if mask is None:
+                mask = got
+            else:
+                mask[...] = got
+        with self._lock:
+            self._row[p : p + n] = -1
+            self._free.extend(rows[::-1].tolist())
+            self._pos = p + n
+            self._pump()
+        return out, mask
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._jobs = _Jobs.empty()
+        for fut in list(self._futures):
+            fut.cancel()
+        wait([f for f in list(self._futures) if not f.cancelled()])
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)  # idle now: its threads end
+        if self.agent is not None:
+            try:
+                # what this reader read itself while its agent started goes to the agent
+                self.agent.hand_over(self.dataset_id)
+            except Exception:
+                pass  # the agent is gone: its pins went with it
+
+
+_CHUNK = 64  # rows copied at a time
+_STASH = 4 << 20  # bytes of records kept for a later job at most (about 9 of 1 MiB blocks)
+
+
+class _Jobs:
+    """Jobs cut from a plan: the parts ``(k, p)`` of job ``j`` are
+    ``[bounds[j], bounds[j + 1])``; ``order`` runs them by first use; ``keep``: the job
+    keeps its block's record for the block's next job; ``next`` is the first not
+    started."""
+
+    def __init__(
+        self,
+        k: np.ndarray,
+        p: np.ndarray,
+        bounds: np.ndarray,
+        block: np.ndarray,
+        order: np.ndarray,
+        first: np.ndarray,
+        keep: np.ndarray,
+    ) -> None:
+        self.k, self.p, self.bounds, self.block = k, p, bounds, block
+        self.order, self.first, self.keep = order, first, keep
+        self.next = 0
+
+    @classmethod
+    def empty(cls) -> _Jobs:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(z, z, np.zeros(1, dtype=np.int64), z, z, z, np.zeros(0, dtype=bool))

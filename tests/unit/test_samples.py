@@ -1,0 +1,203 @@
+"""The sample-resident reader (stoker.loader.samples) and the head-only block decode it
+uses, against the raw token stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.errors import ChecksumError
+from stoker.loader.samples import SampleReader
+from stoker.plan import ShuffleConfig, SpreadOrder, spread_profile
+
+from ._datasets import SmallDataset
+
+
+def expected(ds: SmallDataset, ids: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    stream = ds.stream
+    flags = np.zeros(len(stream), dtype=bool)
+    flags[ds.doc_offsets] = True
+    rows = (ids * seq_len)[:, None] + np.arange(seq_len + 1)[None, :]
+    return stream[rows], flags[rows]
+
+
+def spread_ids(num_samples: int, unit: int, mean: int, epoch: int = 0) -> np.ndarray:
+    config = ShuffleConfig(3, True, unit, 4, "spread", mean).resolve(1)
+    return SpreadOrder(num_samples, config, epoch).samples(np.arange(num_samples))
+
+
+def take_all(reader: SampleReader, ids: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    toks, masks = [], []
+    for i in range(0, len(ids), batch):
+        t, m = reader.read(ids[i : i + batch])
+        toks.append(t)
+        masks.append(m)
+    return np.concatenate(toks), np.concatenate(masks)
+
+
+@pytest.fixture(scope="module")
+def small(write_small_module: Callable[..., SmallDataset]) -> SmallDataset:
+    return write_small_module("samples", num_docs=300, max_len=200)  # blocks of 256 tokens
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "unit", "mean"),
+    [
+        (16, 16, 4),  # samples inside blocks, one block per unit
+        (31, 5, 2),  # most units cross a block's end
+        (100, 3, 3),  # a sample in two blocks every few
+        (255, 1, 4),  # nearly every sample in two blocks
+    ],
+)
+def test_every_sample_reads_as_the_stream_holds_it(
+    small: SmallDataset, seq_len: int, unit: int, mean: int
+) -> None:
+    source = stoker.TokenSource(small.url)
+    n = (source.manifest.num_tokens - 1) // seq_len
+    ids = spread_ids(n, unit, mean)
+    D = len(spread_profile(unit, mean))
+    reader = SampleReader(source, seq_len, True, (D + 1) * unit, ahead=unit, gap=2 * unit + 1)
+    try:
+        reader.plan(ids)
+        toks, masks = take_all(reader, ids, 7)
+    finally:
+        reader.close()
+    want_toks, want_masks = expected(small, ids, seq_len)
+    np.testing.assert_array_equal(toks, want_toks)
+    np.testing.assert_array_equal(masks, want_masks)
+    # each unit decodes each block it touches once, and the last of them only as far as
+    # it needs: a unit of one block decodes that block, and a head of the next
+    bt = source.manifest.block_tokens
+    units = -(-n // unit)
+    touched = (unit * seq_len + seq_len) // bt + 2
+    full = reader.decoded - reader.heads
+    assert reader.decoded <= units * touched
+    assert full <= units * (touched - 1)
+    if unit * seq_len == bt:
+        assert full <= units + 1
+
+
+def test_a_plan_in_pieces_and_a_changed_plan_read_what_is_asked(small: SmallDataset) -> None:
+    """Planned ahead piece by piece, then told another future (a lease cut short): every
+    batch is the samples asked for, whatever was filled for the old plan."""
+    source = stoker.TokenSource(small.url)
+    seq_len = 20
+    n = (source.manifest.num_tokens - 1) // seq_len
+    ids = spread_ids(n, 12, 3)
+    reader = SampleReader(source, seq_len, True, 12 * 20, ahead=24, gap=25)
+    got: list[np.ndarray] = []
+    try:
+        reader.plan(ids[:300])
+        for i in range(0, 200, 8):  # a consistent extension each 40 samples
+            if i % 40 == 0:
+                reader.plan(ids[i : i + 300])
+            got.append(reader.read(ids[i : i + 8])[0])
+        other = np.random.default_rng(0).permutation(n)[:150]
+        reader.plan(np.concatenate([ids[200:208], other]))  # the rest changes
+        got.append(reader.read(ids[200:208])[0])
+        for i in range(0, 150, 10):
+            got.append(reader.read(other[i : i + 10])[0])
+        surprise = np.array([5, 3, 1])  # never planned: read anyway
+        got.append(reader.read(surprise)[0])
+    finally:
+        reader.close()
+    asked = np.concatenate([ids[:208], other, [5, 3, 1]])
+    np.testing.assert_array_equal(np.concatenate(got), expected(small, asked, seq_len)[0])
+
+
+def test_without_doc_starts_reads_tokens_only(small: SmallDataset) -> None:
+    source = stoker.TokenSource(small.url)
+    n = (source.manifest.num_tokens - 1) // 40
+    ids = spread_ids(n, 6, 2)
+    reader = SampleReader(source, 40, False, 60)
+    try:
+        reader.plan(ids)
+        toks, mask = reader.read(ids[:9])
+    finally:
+        reader.close()
+    assert mask is None
+    np.testing.assert_array_equal(toks, expected(small, ids[:9], 40)[0])
+
+
+def test_rows_held_stay_near_the_orders_bound(
+    write_small: Callable[..., SmallDataset],
+) -> None:
+    """What the reader holds is the samples dealt out and not yet taken (plus the few
+    filled ``ahead``): near the spread order's bound, far below the plan's length."""
+    ds = write_small("big", num_docs=3000, max_len=400, block_tokens=1024)
+    source = stoker.TokenSource(ds.url)
+    seq_len, unit, mean = 32, 32, 4
+    n = (source.manifest.num_tokens - 1) // seq_len
+    ids = spread_ids(n, unit, mean)
+    D = len(spread_profile(unit, mean))
+    reader = SampleReader(source, seq_len, True, (D + 1) * unit, ahead=unit, gap=2 * unit + 1)
+    held = 0
+    try:
+        reader.plan(ids)
+        for i in range(0, n, 8):
+            reader.read(ids[i : i + 8])
+            held = max(held, len(reader._tok) - len(reader._free))
+    finally:
+        reader.close()
+    bound = sum(d * c for d, c in enumerate(spread_profile(unit, mean))) + unit
+    assert held <= bound + 3 * unit  # + ``ahead`` filled early, and samples in two blocks
+    assert held < n // 4
+
+
+def test_a_corrupt_block_raises_its_checksum_error(
+    write_small: Callable[..., SmallDataset], tmp_path: Path
+) -> None:
+    ds = write_small("bad", num_docs=200, max_len=200)
+    source = stoker.TokenSource(ds.url)
+    ref = source.manifest.block_file(3)
+    entry = source.index[3]
+    path = Path(ds.url) / ref.path
+    data = bytearray(path.read_bytes())
+    data[int(entry["offset"]) + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    n = (source.manifest.num_tokens - 1) // 16
+    ids = np.arange(n)  # in source order: block 3 is needed early
+    reader = SampleReader(stoker.TokenSource(ds.url), 16, True, 64)
+    try:
+        reader.plan(ids)
+        with pytest.raises(ChecksumError) as caught, pytest.warns(UserWarning, match="refetch"):
+            take_all(reader, ids, 8)
+        assert caught.value.block == 3
+    finally:
+        reader.close()
+
+
+def test_close_with_jobs_in_flight_returns(small: SmallDataset) -> None:
+    source = stoker.TokenSource(small.url)
+    n = (source.manifest.num_tokens - 1) // 16
+    reader = SampleReader(source, 16, True, 2000, ahead=2000)
+    reader.plan(spread_ids(n, 16, 4))
+    reader.close()  # nothing read: its jobs are cancelled or finish
+    assert reader._inflight == 0 or all(f.done() for f in reader._futures)
+
+
+def test_a_sample_longer_than_a_block_is_refused(small: SmallDataset) -> None:
+    with pytest.raises(ValueError, match="longer than a block"):
+        SampleReader(stoker.TokenSource(small.url), 256, True, 100)
+
+
+# -- the head of a block ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_blocks_head_decodes_as_its_first_tokens(
+    write_small: Callable[..., SmallDataset], shuffle: bool
+) -> None:
+    ds = write_small("heads", num_docs=200, max_len=300, block_tokens=4096, shuffle=shuffle)
+    source = stoker.TokenSource(ds.url)
+    for block in range(source.manifest.num_blocks):
+        record = source.record(block)
+        toks, starts = source.decode(block, record)
+        for prefix in (1, 17, len(toks) // 2, len(toks)):
+            head, head_starts = source.decode(block, record, prefix)
+            np.testing.assert_array_equal(head, toks[:prefix])
+            np.testing.assert_array_equal(head_starts, starts)
