@@ -411,7 +411,7 @@ def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
                 fams.append((name, max(cands, key=lambda r: r["mix256"])))
         peers = {name: r for name, r in fams if r["system"] != "stoker"}
         ratios = "; ".join(
-            f"{name.split(', ')[1]}: "
+            f"{name.removeprefix('stoker ')}: "
             + ", ".join(f"{r['mix256'] / p['mix256']:.2f}x {pname}" for pname, p in peers.items())
             for name, r in fams
             if r["system"] == "stoker"
@@ -429,12 +429,28 @@ def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
         and r.get("budget")
         and r.get("window")
     ]
+    default = next(r for r in rows if r.get("tag") == "default")
+    before = next((r for r in rows if r.get("tag") == "old default"), None)
+    if before is not None:
+        out.append(
+            f"* **Defaults**: the spread order's, {default['resident']:,} samples held "
+            f"({fmt_bytes(default['resident'] * SEQ_LEN)} of tokens), mixing@256 "
+            f"{default['mix256']:.3f}; the window order's (the default before), one window of "
+            f"{before['resident']:,} samples of decoded blocks (a reader holds two), "
+            f"{before['mix256']:.3f}: as well mixed with "
+            f"{before['resident'] / default['resident']:.1f}x less memory counted by window "
+            f"({2 * before['resident'] / default['resident']:.0f}x as a reader holds them). "
+            f"Neighbour pairs are higher ({100 * default['near']:.2f}% against "
+            f"{100 * before['near']:.2f}%): a turn draws most from its newest unit."
+        )
     out += [
         "* The spread order holds samples, not blocks: a block is decoded once, when its "
         "unit arrives, its samples are copied out and the block let go, so its memory is "
         "about `spread + 1` units of samples whatever the block size, while every run of "
         "a turn's length draws from the units of the last `D` turns. At a given memory it "
-        "therefore mixes about as well with 1 MiB blocks as with 64 KiB ones.",
+        "therefore mixes about as well with 1 MiB blocks as with 64 KiB ones. A unit of `u` "
+        "samples spreads over `u` turns at most (its counts are whole samples), which is "
+        "where the rows of small units stop growing with the budget.",
         "* With the window order and 1 MiB blocks, a window's memory is set by blocks, not "
         "samples: a 64-sample shard fills a quarter of a block and its last token may "
         "need the next block too, so a window holds "

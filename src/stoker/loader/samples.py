@@ -89,11 +89,12 @@ class SampleReader:
         self._free: list[int] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        # fetches wait for a network, not local reads: more threads than decode for those,
-        # and a record read for one job is kept for the next instead of fetched again
+        # fetches wait for a network or an agent (which decodes for its readers, several
+        # blocks at once), not local reads: more threads than decode for those; a record
+        # read from a network for one job is kept for the next instead of fetched again
         storage = source.storage
         local = storage.protocol == "file"
-        self._threads = decoding if local else storage.max_inflight
+        self._threads = decoding if local and agent is None else storage.max_inflight
         self._stash_limit = 0 if local else _STASH
         self._inflight_max = self._threads
         self._ahead = max(1, ahead if ahead is not None else self.reach // 8)
