@@ -110,6 +110,8 @@ def permute(
     size = np.asarray(n, dtype=np.int64)
     if x.size and (x.min() < 0 or bool((x >= size).any())):
         raise IndexError(f"index out of range [0, {n})")
+    if int(size.max(initial=1)) >= 1 << 52:  # float64 bit lengths are exact below 2^53
+        raise ValueError(f"permute: domain {int(size.max())} too large (below 2^52)")
     bits = np.maximum(2, np.frexp((size - 1).astype(np.float64))[1])  # (n - 1).bit_length()
     half = ((bits + 1) // 2).astype(np.uint64)
     mask = (np.uint64(1) << half) - np.uint64(1)

@@ -5,12 +5,16 @@ Vocabulary
 sample
     Window of ``seq_len + 1`` tokens starting at token ``sample * seq_len``;
     ``num_samples = (num_tokens - 1) // seq_len``.
-virtual shard
-    ``shard_size`` consecutive samples; shard size is a read-time choice.
+unit / virtual shard
+    ``shard_size`` consecutive samples; a read-time choice.
 data epoch ``e``
-    A permutation of all samples: shards are permuted, consecutive groups of
-    ``window_shards`` permuted shards form a *shuffle window*, and the samples
-    of a window are permuted among themselves.
+    A permutation of all samples, by one of two orders (``ShuffleConfig.order``).
+    ``"spread"`` (the default, :class:`SpreadOrder`): units arrive one per *turn* in a
+    permuted order and each unit's samples, permuted, are dealt out over its turn and
+    the following ones (:func:`spread_profile`); a turn emits what it was dealt,
+    permuted. ``"window"`` (:class:`EpochOrder`): shards are permuted, consecutive
+    groups of ``window_shards`` permuted shards form a *shuffle window*, and the
+    samples of a window are permuted among themselves.
 stream position ``p``
     The data epochs laid end to end: position ``p`` is slot ``p % S`` of data
     epoch ``p // S`` (``S = num_samples``).

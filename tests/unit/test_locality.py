@@ -83,3 +83,30 @@ def test_spread_windows_are_their_units_blocks(S, seq_len, bt, unit, ws, spread,
         inside = any(a <= lo and hi <= b for a, b in got)
         need = blocks_of(span_ids(order, v), seq_len, bt)
         assert inside == (len(need & held) >= 0.5 * len(need))
+
+
+def test_the_coordinator_claims_the_windows_the_plan_has() -> None:
+    """What the lease table claims for a node (from the stream description alone) is the
+    window the plan puts a position in, for both orders, away from an epoch's ends (and
+    with no short shard or unit, which moves the windows after it a little)."""
+    import json
+
+    from stoker.coordinator import locality
+
+    S = 204_800  # a multiple of both unit sizes
+    for config in (
+        plan.ShuffleConfig(3, True, 256, 16, order="window"),
+        plan.ShuffleConfig(3, True, 256, 16, "spread", 4),
+        plan.ShuffleConfig(3, True, 100, 3, "spread", 7),
+    ):
+        desc = {"num_samples": S, "shard_size": 256 if config.shard_size == 256 else 100}
+        desc.update(window_shards=config.window_shards, order=config.order, spread=config.spread)
+        geometry = locality.windows(json.dumps(desc))
+        assert geometry is not None
+        order = plan.epoch_order(S, config, 2)
+        starts = order.window_start(np.arange(order.num_windows + 1))
+        for x in range(S // 4, 3 * S // 4, 997):
+            claimed: list[tuple[int, int]] = []
+            locality.claim(claimed, geometry, 2 * S + x, 2 * S + x + 1)
+            w = int(np.searchsorted(starts, x, side="right")) - 1
+            assert claimed == [(2 * S + int(starts[w]), 2 * S + int(starts[w + 1]))]

@@ -201,3 +201,74 @@ def test_a_blocks_head_decodes_as_its_first_tokens(
             head, head_starts = source.decode(block, record, prefix)
             np.testing.assert_array_equal(head, toks[:prefix])
             np.testing.assert_array_equal(head_starts, starts)
+
+
+class SlowRecords(stoker.TokenSource):
+    """A source whose reads take a while, so that jobs are in flight when plans change."""
+
+    def record(self, block: int) -> bytes:
+        import time
+
+        time.sleep(0.005)
+        return super().record(block)
+
+
+def test_a_read_past_its_plan_while_jobs_run_reads_what_is_asked(small: SmallDataset) -> None:
+    """An unplanned read that extends the plan past the slab, jobs of the old plan still
+    in flight: every row is the stream's (the old cut must not start against the new)."""
+    source = SlowRecords(small.url)
+    seq_len = 32
+    ids = np.arange((source.manifest.num_tokens - 1) // seq_len)[:400]
+    reader = SampleReader(source, seq_len, True, 8, ahead=1000, gap=9)
+    try:
+        reader.plan(ids[:100])
+        first = reader.read(ids[:32])
+        rest = reader.read(ids[32:300])  # the plan's remainder and more
+    finally:
+        reader.close()
+    toks = np.concatenate([first[0], rest[0]])
+    masks = np.concatenate([first[1], rest[1]])
+    want = expected(small, ids[:300], seq_len)
+    np.testing.assert_array_equal(toks, want[0])
+    np.testing.assert_array_equal(masks, want[1])
+
+
+def test_ids_outside_the_dataset_are_refused_and_the_reader_goes_on(small: SmallDataset) -> None:
+    source = stoker.TokenSource(small.url)
+    n = (source.manifest.num_tokens - 1) // 16
+    reader = SampleReader(source, 16, True, 64)
+    try:
+        for bad in ([n], [-1], [3, n + 5]):
+            with pytest.raises(IndexError, match="outside"):
+                reader.read(np.array(bad))
+        np.testing.assert_array_equal(
+            reader.read(np.array([4, 2]))[0], expected(small, np.array([4, 2]), 16)[0]
+        )
+    finally:
+        reader.close()
+
+
+def test_a_closed_reader_refuses_to_read(small: SmallDataset) -> None:
+    source = SlowRecords(small.url)
+    n = (source.manifest.num_tokens - 1) // 16
+    ids = spread_ids(n, 16, 4)
+    reader = SampleReader(source, 16, True, 2000, ahead=2000)
+    reader.plan(ids)
+    reader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        reader.read(ids[:8])
+
+
+def test_a_head_of_a_block_of_the_wrong_length_is_refused() -> None:
+    """Decoding only a block's head checks the block's length as decoding all of it does."""
+    from stoker.formats.codec import BlockCodec
+
+    codec = BlockCodec(np.dtype("<u2"), 3)
+    frames = codec.encode(np.arange(100, dtype=np.uint16), np.array([0, 40]))
+    record = frames[0] + frames[1]
+    with pytest.raises(ValueError, match="expected 120 tokens"):
+        codec.decode(record, len(frames[0]), 120, 2)
+    with pytest.raises(ValueError, match="expected 120 tokens"):
+        codec.decode_prefix(record, len(frames[0]), 120, 50, 2)
+    head, starts = codec.decode_prefix(record, len(frames[0]), 100, 50, 2)
+    assert head.tolist() == list(range(50)) and starts.tolist() == [0, 40]

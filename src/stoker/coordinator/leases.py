@@ -86,7 +86,7 @@ class LeaseTable:
         self._answers: dict[tuple[int, int], list[bool | None]] = {}  # (rank, seq) -> answer
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
-        self._windows = locality.windows(stream)  # (samples per data epoch, positions per window)
+        self._windows = locality.windows(stream)  # (samples per data epoch, per window, shift)
         self.origin = origin  # the checkpoint this table was restored from
         self.first_step = 0  # batches every rank had handed out before this table began
         self._next_consumer, self._next_lease = first_ids

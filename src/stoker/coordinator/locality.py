@@ -13,20 +13,28 @@ from __future__ import annotations
 import json
 
 from stoker.coordinator import ranges
+from stoker.plan import spread_profile
 
 
-def windows(stream: str) -> tuple[int, int] | None:
-    """``(samples per data epoch, positions per shuffle window)`` of a consumers' stream
-    description (windows start every ``shard_size * window_shards`` positions of a data
-    epoch, give or take the one short shard); None when it does not say."""
+def windows(stream: str) -> tuple[int, int, int] | None:
+    """``(samples per data epoch, positions per shuffle window, shift)`` of a consumers'
+    stream description: window ``w > 0`` starts at ``w * W - shift`` positions into a data
+    epoch, give or take the one short shard or unit. The window order's windows start
+    every ``shard_size * window_shards`` positions (shift 0); the spread order's every
+    ``window_shards`` turns, and its turns start ``sum(d * n_d)`` positions early (what its
+    first units still deal out). None when the description does not say."""
     if not stream:
         return None
     try:
         s = json.loads(stream)
         S, W = int(s["num_samples"]), int(s["shard_size"]) * int(s["window_shards"])
+        shift = 0
+        if s.get("order", "window") == "spread":
+            counts = spread_profile(int(s["shard_size"]), int(s["spread"]))
+            shift = sum(d * c for d, c in enumerate(counts))
     except (ValueError, KeyError, TypeError):
         return None
-    return (S, W) if S > 0 and W > 0 else None
+    return (S, W, shift) if S > 0 and W > 0 else None
 
 
 def pick(
@@ -68,10 +76,17 @@ def pick(
     return 0, a, b
 
 
-def claim(claimed: list[tuple[int, int]], geometry: tuple[int, int], start: int, end: int) -> None:
+def claim(
+    claimed: list[tuple[int, int]], geometry: tuple[int, int, int], start: int, end: int
+) -> None:
     """Add the shuffle windows that positions ``[start, end)`` touch to a node's
     ``claimed`` ranges (in place); ``geometry`` is :func:`windows`'s answer."""
-    S, W = geometry
+    S, W, shift = geometry
     base = (start // S) * S
-    for w in range((start - base) // W, (end - 1 - base) // W + 1):
-        ranges.insert(claimed, (base + w * W, min(base + (w + 1) * W, base + S)))
+
+    def first(w: int) -> int:  # where window w starts in the data epoch
+        return min(max(w * W - shift, 0), S)
+
+    for w in range((start - base + shift) // W, (end - 1 - base + shift) // W + 1):
+        if first(w) < first(w + 1):
+            ranges.insert(claimed, (base + first(w), base + first(w + 1)))

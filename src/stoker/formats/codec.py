@@ -138,17 +138,18 @@ class BlockCodec:
         """The first ``prefix`` tokens of a block record and all its document starts,
         decoding only as much of the tokens frame as they need (the whole of it with the
         byte-shuffle filter, whose planes span the block)."""
-        if self.shuffle or prefix >= num_tokens:
-            tokens, starts = self.decode(record, token_bytes, num_tokens, num_starts)
-            return tokens[:prefix], starts
         view = memoryview(record)
-        want = prefix * self.dtype.itemsize
         try:
             claimed = zstandard.frame_content_size(view[:token_bytes])
         except zstandard.ZstdError as exc:
             raise ValueError(f"tokens frame is not a zstd frame ({exc})") from exc
-        if claimed > num_tokens * self.dtype.itemsize:
-            raise ValueError(f"tokens frame claims {claimed} bytes, more than the block holds")
+        # the whole is decoded where its length cannot be checked from the frame's header
+        if self.shuffle or prefix >= num_tokens or claimed < 0:
+            tokens, starts = self.decode(record, token_bytes, num_tokens, num_starts)
+            return tokens[:prefix], starts
+        if claimed != num_tokens * self.dtype.itemsize:  # as the full decode checks it
+            raise ValueError(f"block holds {claimed} bytes of tokens, expected {num_tokens} tokens")
+        want = prefix * self.dtype.itemsize
         with self._dctx().stream_reader(view[:token_bytes]) as reader:
             raw = reader.read(want)
             while len(raw) < want:  # read() may return less than asked: keep reading

@@ -70,6 +70,7 @@ class SampleReader:
             )
         self.source = source
         self.L = seq_len
+        self._num_samples = (m.num_tokens - 1) // seq_len
         self.width = seq_len + 1
         self.bt = m.block_tokens
         self.reach = max(1, horizon)
@@ -133,8 +134,11 @@ class SampleReader:
     def plan(self, upcoming: np.ndarray) -> None:
         """The samples that come next, in order (the next fill starts with the first)."""
         upcoming = np.asarray(upcoming, dtype=np.int64)
+        self._check(upcoming)
         with self._lock:
             self._raise_error()
+            # no job of the old cut starts from here on: its plan indices are about to move
+            self._jobs = _Jobs.empty()
             old = self._seq[self._pos :]
             n = min(len(old), len(upcoming))
             diff = np.nonzero(old[:n] != upcoming[:n])[0]
@@ -145,6 +149,7 @@ class SampleReader:
                 self._raise_error()
                 gone = self._row[self._pos + keep :]
                 self._free.extend(gone[gone >= 0].tolist())
+                self._stash.clear()  # kept for jobs of the old plan
             p, k = self._pos, keep
             new = upcoming[keep:]
             self._seq = upcoming
@@ -163,6 +168,15 @@ class SampleReader:
             self._pump()
         if self.agent is not None:
             self.agent.plan(self.dataset_id, blocks.tolist())
+
+    def _check(self, ids: np.ndarray) -> None:
+        """Sample ids outside the dataset are refused before any job is cut for them."""
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self._num_samples):
+            bad = ids[(ids < 0) | (ids >= self._num_samples)]
+            raise IndexError(
+                f"sample id {int(bad[0])} is outside [0, {self._num_samples}) "
+                f"(seq_len {self.L} over {self.source.url})"
+            )
 
     def _parts(self, ids: np.ndarray) -> np.ndarray:
         """How many blocks each sample's tokens lie in."""
@@ -305,9 +319,13 @@ class SampleReader:
             self._missing[k] -= 1
             self._inflight -= 1
             self._done_with(block)
-            if not self._closed:
-                self._pump()
-            self._changed.notify_all()
+            try:
+                if not self._closed:
+                    self._pump()
+            except BaseException as exc:  # (starting the next job failed) the reader fails
+                self._error = self._error or exc
+            finally:
+                self._changed.notify_all()
 
     def _done_with(self, block: int) -> None:
         """The job of ``block`` that ran first is done (under the lock)."""
@@ -406,6 +424,7 @@ class SampleReader:
         """Windows of the next ``len(ids)`` planned samples, as int64 (into ``out`` if given)."""
         ids = np.asarray(ids, dtype=np.int64)
         n = len(ids)
+        self._check(ids)
         with self._lock:
             planned = self._seq[self._pos : self._pos + n].tobytes() == ids.tobytes()
         if not planned:
@@ -444,9 +463,13 @@ class SampleReader:
         with self._lock:
             self._closed = True
             self._jobs = _Jobs.empty()
-        for fut in list(self._futures):
-            fut.cancel()
+            self._stash.clear()
+        cancelled = sum(fut.cancel() for fut in list(self._futures))
         wait([f for f in list(self._futures) if not f.cancelled()])
+        with self._lock:  # a closed reader reads nothing more: say so rather than wait
+            self._inflight -= cancelled
+            self._error = self._error or RuntimeError("this SampleReader is closed")
+            self._changed.notify_all()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)  # idle now: its threads end
