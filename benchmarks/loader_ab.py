@@ -24,7 +24,7 @@ Measured per process: tokens/s over a timed window of batches after a warm-up
 100M-token dataset; ``--quick``: 40 after 5); the time to the first batch (from
 constructing the dataset to holding the first batch, imports excluded); CPU
 seconds of the process and its workers from constructing the dataset until the
-loader is closed (user + system, workers reaped); peak RSS (``ru_maxrss``) of
+loader is closed (user + system, workers reaped); peak RSS (``VmHWM``) of
 the process and of its largest worker. Every timed window must deliver distinct
 sample ids, and OLD and NEW must deliver the same id sequence in each
 configuration, or the run stops with an error (exit status 1).
@@ -82,6 +82,16 @@ WINDOWS = {
     "full": {"A": (200, 5800), "B": (200, 5800), "C": (100, 5900), "D": (200, 5800)},
     "quick": {"A": (5, 40), "B": (5, 40), "C": (5, 40), "D": (5, 40)},
 }
+
+
+def _hwm_kib() -> int:
+    """This process's own peak RSS (VmHWM; ru_maxrss carries over a large parent's, 0 without
+    /proc)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(x.split()[1]) for x in f if x.startswith("VmHWM:")), 0)
+    except OSError:
+        return 0
 
 
 # -- one measurement (runs in a fresh child process) -----------------------------------
@@ -167,7 +177,7 @@ def child(
         "first_s": first_s,
         "cpu_s": cpu1 - cpu0,
         "cpu_main_timed_s": c1 - c0,
-        "rss_mib": me.ru_maxrss / 1024,
+        "rss_mib": _hwm_kib() / 1024 or me.ru_maxrss / 1024,
         "rss_worker_mib": kids.ru_maxrss / 1024,
         "n_ids": int(all_ids.size),
         "unique_ids": int(np.unique(all_ids).size),
@@ -425,7 +435,7 @@ def render(res: dict[str, Any]) -> str:
     lines += [
         "",
         "CPU s: the loader process and its workers, from constructing the dataset to closing "
-        "the loader (warm-up, timed window, shutdown). Peak RSS: `ru_maxrss` of the process "
+        "the loader (warm-up, timed window, shutdown). Peak RSS: `VmHWM` of the process "
         "(torch included), and of its largest worker where it has any.",
         "",
         f"Checks: in all {len(res['runs'])} runs the timed window delivered distinct sample "

@@ -810,7 +810,7 @@ def render_context(res: dict[str, Any]) -> list[str]:
         "imports included; in brackets from constructing the loader) to holding the first "
         "batch after restoring the state saved after 40% of an epoch, num_workers=0; *exact* "
         "= the next 3 batches are bit-identical to those of the uninterrupted run. *Peak "
-        "RSS*: the consuming process and its children, sampled every 50 ms and ru_maxrss, "
+        "RSS*: the consuming process and its children, sampled every 50 ms, and the process's VmHWM, "
         "num_workers=0, over a throughput run; in brackets the RSS right after imports "
         "(before the loader exists) and the growth from there.",
         "",

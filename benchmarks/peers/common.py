@@ -105,8 +105,17 @@ def dir_bytes(path: str | Path) -> int:
 
 
 def maxrss_bytes() -> tuple[int, int]:
-    """ru_maxrss of this process and of its largest reaped child (bytes)."""
-    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """The peak RSS of this process (VmHWM: its own memory's high-water mark, not
+    ru_maxrss, which Linux carries over from the process that forked and exec'd it, so
+    a large parent shows in every child) and ru_maxrss of its largest reaped child
+    (bytes)."""
+    me = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                me = int(line.split()[1]) * 1024
+    if not me:  # no /proc: ru_maxrss, with the caveat above
+        me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     return me, kids
 
