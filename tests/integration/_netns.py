@@ -246,6 +246,10 @@ class Topology:
         for proc in self._children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):  # unflushed input to a dead process
+                        pipe.close()
         return left
 
     def destroy(self) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import subprocess
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -176,3 +177,15 @@ def closed_by_peer(s: socket.socket, timeout: float = 60.0) -> bool:
     except ConnectionResetError:
         pass
     return True
+
+
+def reap(proc: subprocess.Popen[Any], timeout: float | None = None) -> int:
+    """Kill ``proc`` unless it has exited, close its pipes and wait for it; its exit code."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        with proc:  # closes stdout, stderr and stdin, then waits
+            pass
+    except BrokenPipeError:
+        pass  # what was left to write to its stdin: it is gone
+    return proc.wait(timeout)

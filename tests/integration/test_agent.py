@@ -49,6 +49,26 @@ class Agents:
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         self.dirs: list[Path] = []
+        self.clients: list[AgentClient] = []
+
+    def client(self, cache_dir: Path, **kwargs: Any) -> AgentClient:
+        """An AgentClient (no autostart unless asked), closed at the end."""
+        kwargs.setdefault("autostart", False)
+        return self.own(AgentClient(cache_dir, **kwargs))
+
+    def own(self, client: AgentClient) -> AgentClient:
+        """Close ``client`` at the end."""
+        self.clients.append(client)
+        return client
+
+    @staticmethod
+    def stats(cache_dir: Path) -> dict[str, Any]:
+        """The agent's stats, over a connection of their own."""
+        client = AgentClient(cache_dir, autostart=False)
+        try:
+            return client.stats()
+        finally:
+            client.close()
 
     def start(
         self, cache_dir: Path, *args: str, expect_ready: bool = True
@@ -82,15 +102,22 @@ class Agents:
         return int(AgentPaths(cache_dir).lock.read_text().split()[0])
 
     def close(self) -> None:
+        for client in self.clients:
+            client.close()
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
         for d in self.dirs:
             try:
-                os.kill(self.pid_of(d), signal.SIGKILL)  # one a reader started
+                pid = self.pid_of(d)
+                os.kill(pid, signal.SIGKILL)  # one a reader started
             except (OSError, ValueError):
                 pass
+            else:
+                _wait_gone(pid)  # and reap it, if this process started it
             remove_tree(
                 AgentPaths(d).shm
             )  # what a killed agent left (its successor would clean it)
@@ -164,7 +191,7 @@ def test_four_processes_fetch_each_block_once(
     needed = dataset.blocks_needed(SEQ_LEN)
     assert len(requests) == needed, f"{len(requests)} distinct block reads, {needed} blocks"
     assert set(requests.values()) == {1}, "a block was fetched more than once"
-    stats = AgentClient(cache, autostart=False).stats()
+    stats = agents.stats(cache)
     assert stats["remote_requests"] == needed
     assert stats["decodes"] == needed  # decoded once for all four readers
     assert stats["memory_hits"] > 0
@@ -177,14 +204,14 @@ def test_tokens_through_the_agent_are_exact(
     _, url = serve_dir(dataset.path)
     cache = tmp_path / "cache"
     agents.start(cache)
-    client = AgentClient(cache, autostart=False)
+    client = agents.client(cache)
     ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, seed=3, agent=client, arena_blocks=4)
     for num_workers in (0, 2):
         samples = unbatch(stoker.TokenLoader(ds, num_workers))
         assert_exactly_once(check_samples(dataset, SEQ_LEN, samples), ds.num_samples)
     assert client.stats()["memory_evictions"] == 0  # small arena: the agent still holds them all
     # two connections get the same shared-memory file, mapped read-only
-    other = AgentClient(cache, autostart=False)
+    other = agents.client(cache)
     other.open(url, None, ds.manifest.dataset_id)
     a, b = client.get(ds.manifest.dataset_id, 2), other.get(ds.manifest.dataset_id, 2)
     assert a.path == b.path and a.pinned and b.pinned
@@ -216,7 +243,7 @@ def test_reader_started_agent_and_warm_restart(
     cfg["out"] = str(tmp_path / "b.jsonl")
     finish(reader(cfg))
     assert block_requests(origin) == Counter()
-    stats = AgentClient(cache, autostart=False).stats()
+    stats = agents.stats(cache)
     assert stats["disk_hits"] == dataset.blocks_needed(SEQ_LEN) and stats["remote_requests"] == 0
     for out in ("a.jsonl", "b.jsonl"):
         ids = [i for rec in read_records(tmp_path / out) for i in rec["ids"]]
@@ -229,7 +256,7 @@ def test_a_reader_reads_storage_itself_while_the_agent_it_started_starts(
     _, url = serve_dir(dataset.path)
     cache = tmp_path / "cache"
     agents.dirs.append(cache)
-    client = AgentClient(cache)
+    client = agents.client(cache, autostart=True)
     ds = dataset.manifest.dataset_id
     client.open(url, None, ds)  # starts the agent and does not wait for it
     got = client.get(ds, 0)
@@ -280,7 +307,7 @@ def test_agent_killed_mid_epoch(
     assert_exactly_once(ids, dataset.num_samples(SEQ_LEN))
     new_pid = agents.pid_of(cache)
     assert new_pid != agent.pid  # the reader started a fresh agent and went on
-    assert AgentClient(cache, autostart=False).stats()["memory_misses"] > 0
+    assert agents.stats(cache)["memory_misses"] > 0
 
 
 def test_reader_killed_mid_epoch_releases_pins_and_resumes(
@@ -294,10 +321,10 @@ def test_reader_killed_mid_epoch_releases_pins_and_resumes(
                batch_size=4, arena_blocks=6, pause_after=15)  # fmt: skip
     proc = reader(cfg)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "paused"
-    client = AgentClient(cache, autostart=False)
+    client = agents.client(cache)
     assert client.stats()["pinned_blocks"] > 0
     proc.kill()
-    proc.wait()
+    proc.communicate()  # reaps it and closes its pipes
     _wait_for(lambda: client.stats()["clients"] == 1, "the killed reader's connection to close")
     stats = client.stats()
     assert stats["pinned_blocks"] == 0 and stats["pins_released_on_disconnect"] > 0
@@ -323,7 +350,7 @@ def test_corrupt_cached_record_is_refetched(
     origin, url = serve_dir(dataset.path)
     cache = tmp_path / "cache"
     agent = agents.start(cache)
-    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=AgentClient(cache, autostart=False))
+    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=agents.client(cache))
     list(stoker.TokenLoader(ds))
     agent.terminate()
     agent.wait()
@@ -334,7 +361,7 @@ def test_corrupt_cached_record_is_refetched(
     victim.write_bytes(bytes(data))
     origin.clear_access_log()
     agents.start(cache)
-    client = AgentClient(cache, autostart=False)
+    client = agents.client(cache)
     ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, seed=5, agent=client)
     samples = unbatch(stoker.TokenLoader(ds))
     assert_exactly_once(check_samples(dataset, SEQ_LEN, samples), ds.num_samples)
@@ -350,7 +377,7 @@ def test_two_datasets_through_one_agent(
     _, url2 = serve_dir(second_dataset.path)
     cache = tmp_path / "cache"
     agents.start(cache)
-    client = AgentClient(cache, autostart=False)
+    client = agents.client(cache)
     ds1 = stoker.TokenDataset(url1, SEQ_LEN, batch_size=4, agent=client)
     ds2 = stoker.TokenDataset(url2, SEQ_LEN, batch_size=4, agent=client)
     it1, it2 = iter(stoker.TokenLoader(ds1)), iter(stoker.TokenLoader(ds2))
@@ -377,7 +404,7 @@ def test_memory_tier_too_small_falls_back_inline(
     _, url = serve_dir(dataset.path)
     cache = tmp_path / "cache"
     agents.start(cache, "--shm-limit", "1K")  # smaller than one decoded block
-    client = AgentClient(cache, autostart=False)
+    client = agents.client(cache)
     ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=client)
     with pytest.warns(UserWarning, match="no room in shared memory") as caught:
         samples = unbatch(stoker.TokenLoader(ds))
@@ -404,7 +431,7 @@ def test_full_filesystems_degrade_with_a_warning(
         else:
             cache, args = mnt / "cache", ["--cache-limit", "1G"]
         proc = agents.start(cache, *args)
-        client = AgentClient(cache, autostart=False)
+        client = agents.client(cache)
         ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=client)
         if full == "shm":  # the reader is told, once, and decodes those blocks itself
             with pytest.warns(UserWarning, match="no room in shared memory"):
@@ -448,9 +475,10 @@ def test_metrics_endpoint(serve_dir, dataset: Written, tmp_path: Path, agents: A
     proc = agents.start(cache, "--metrics-port", "0")
     line = agents.wait_line(proc, "metrics on")
     port = int(line.rsplit(":", 1)[1].split("/")[0])
-    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=AgentClient(cache, autostart=False))
+    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=agents.client(cache))
     list(stoker.TokenLoader(ds))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
     values = {
         line.split(" ")[0]: float(line.split(" ")[1])
         for line in text.splitlines()
@@ -488,7 +516,7 @@ def test_request_rate_toward_the_origin_is_capped(
     cache = tmp_path / "cache"
     agents.start(cache, "--max-rate", "20", "--max-remote", "2")
     origin.clear_access_log()
-    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=AgentClient(cache, autostart=False))
+    ds = stoker.TokenDataset(url, SEQ_LEN, batch_size=4, agent=agents.client(cache))
     assert_exactly_once([i for b in stoker.TokenLoader(ds) for i in b["sample_id"].tolist()],
                         ds.num_samples)  # fmt: skip
     log = sorted((r for r in origin.access_log() if "/data/" in r.path), key=lambda r: r.msec)
@@ -526,7 +554,7 @@ def test_agents_of_two_users_do_not_collide(tmp_path: Path, agents: Agents) -> N
         assert p_theirs.shm.stat().st_uid == nobody.pw_uid
         assert (p_theirs.socket.stat().st_mode & 0o777) == 0o600  # private to its user
         assert (p_theirs.shm.stat().st_mode & 0o777) == 0o700
-        assert AgentClient(mine, autostart=False).stats()["pid"] != other.pid
+        assert agents.stats(mine)["pid"] != other.pid
     finally:
         other.kill()
         other.wait()
@@ -544,7 +572,8 @@ def test_an_agent_config_as_the_cache_starts_the_agent_with_its_settings(
     )
     ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=4, cache=config)
     assert ds.agent is not None and ds.agent.config == config
+    agents.own(ds.agent)
     ids = [i for b in stoker.TokenLoader(ds) for i in b["sample_id"].tolist()]
     assert sorted(ids) == list(range(ds.num_samples))
-    stats = AgentClient(cache, autostart=False).stats()
+    stats = agents.stats(cache)
     assert (stats["memory_limit"], stats["disk_limit"]) == (64 << 20, 1 << 30)  # as configured

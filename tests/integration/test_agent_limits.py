@@ -28,12 +28,18 @@ MiB = 1 << 20
 class RunningAgent:
     def __init__(self, proc: subprocess.Popen[str], sock: Path) -> None:
         self.proc, self.sock = proc, sock
+        self.sockets: list[socket.socket] = []  # every connection made, closed at the end
 
     def connect(self, timeout: float = 30.0) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sockets.append(s)
         s.settimeout(timeout)
         s.connect(str(self.sock))
         return s
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
 
     def hello(self, s: socket.socket) -> pb.Response:
         wire.send(s, pb.Request(id=0, hello=pb.Hello(protocol=wire.PROTOCOL_VERSION, pid=1)))
@@ -56,6 +62,7 @@ class RunningAgent:
 @pytest.fixture
 def start_agent(tmp_path: Path) -> Iterator[Callable[..., RunningAgent]]:
     procs: list[subprocess.Popen[str]] = []
+    agents: list[RunningAgent] = []
 
     def start(*flags: str) -> RunningAgent:
         n = len(procs)
@@ -72,10 +79,13 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., RunningAgent]]:
         for line in proc.stdout:
             seen.append(line)
             if "stoker agent: serving" in line:
-                return RunningAgent(proc, Path(line.split("serving ")[1].strip()))
+                agents.append(RunningAgent(proc, Path(line.split("serving ")[1].strip())))
+                return agents[-1]
         raise AssertionError("".join(seen))
 
     yield start
+    for agent in agents:
+        agent.close()
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

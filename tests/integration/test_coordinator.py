@@ -49,6 +49,8 @@ class Coordinators:
             if p.poll() is None:
                 p.kill()
             p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
 
 
 @pytest.fixture

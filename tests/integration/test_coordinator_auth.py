@@ -21,6 +21,8 @@ from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
 from stoker.coordinator.client import CoordinatorClient, LeaseRejected
 
+from .helpers import reap
+
 
 @pytest.fixture
 def coordinator(
@@ -48,9 +50,7 @@ def coordinator(
     assert len(token_lines) == 1, seen
     token_file = Path(token_lines[0].split("token in ")[1].split()[0])
     yield proc, address, token_file
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+    reap(proc)
 
 
 def test_no_token_no_service(coordinator: tuple[subprocess.Popen[str], str, Path]) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from stoker.coordinator.client import CoordinatorClient
 
-from .helpers import closed_by_peer
+from .helpers import closed_by_peer, reap
 
 MiB = 1 << 20
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -67,9 +67,16 @@ class Running:
         self.proc, self.address, self.token = proc, address, token
         host, port = address.rsplit(":", 1)
         self.host, self.port = host, int(port)
+        self.sockets: list[socket.socket] = []  # every connection made, closed at the end
 
     def connect(self) -> socket.socket:
-        return socket.create_connection((self.host, self.port), timeout=60)
+        s = socket.create_connection((self.host, self.port), timeout=60)
+        self.sockets.append(s)
+        return s
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -90,6 +97,7 @@ def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[
     monkeypatch.setenv("STOKER_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.delenv("STOKER_COORDINATOR_TOKEN", raising=False)
     procs: list[subprocess.Popen[str]] = []
+    running: list[Running] = []
 
     def go(*flags: str) -> Running:
         proc = subprocess.Popen(
@@ -106,13 +114,15 @@ def start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[
             if "stoker coordinator: serving" in line:
                 token_file = next(x for x in seen if "token in " in x).split("token in ")[1]
                 token = Path(token_file.split()[0]).read_text().strip()
-                return Running(proc, line.split("serving ")[1].split()[0], token)
+                running.append(Running(proc, line.split("serving ")[1].split()[0], token))
+                return running[-1]
         raise AssertionError("".join(seen))
 
     yield go
+    for c in running:
+        c.close()
     for p in procs:
-        p.kill()
-        p.wait()
+        reap(p)
 
 
 def test_garbage_silence_and_a_gib_claimed_leave_it_serving(start: Callable[..., Running]) -> None:

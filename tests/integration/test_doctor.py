@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Written, write_dataset
+from .helpers import Written, reap, write_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from servers import free_port
@@ -56,8 +56,7 @@ class Jobs:
 
     def close(self) -> None:
         for p in self.procs:
-            p.kill()
-            p.wait()
+            reap(p)
 
 
 @pytest.fixture
@@ -179,6 +178,7 @@ def test_a_cache_smaller_than_the_working_set_is_named(
         jobs.close()  # first: a reader whose agent is gone would start one of its own
         agent.terminate()  # a clean exit removes its shared memory
         agent.wait(timeout=30)
+        reap(agent)
 
 
 def test_one_slowed_rank_is_named(

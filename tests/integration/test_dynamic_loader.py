@@ -15,7 +15,7 @@ import stoker
 from stoker import plan
 from stoker.coordinator.client import CoordinatorClient
 
-from .helpers import Written, check_samples, unbatch, write_dataset
+from .helpers import Written, check_samples, reap, unbatch, write_dataset
 
 SEQ_LEN = 32
 
@@ -30,8 +30,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Written:
 def coordinator(tmp_path: Path, dataset: Written):
     def start(world: int, lease_size: int = 40, restore: str | None = None):
         for p in procs:  # one coordinator at a time: a new one replaces the last
-            p.kill()
-            p.wait()
+            reap(p)
         extra = ["--restore", restore] if restore else []
         proc = subprocess.Popen(
             [sys.executable, "-m", "stoker.cli", "coordinator", "--state", str(tmp_path / "state"),
@@ -49,8 +48,7 @@ def coordinator(tmp_path: Path, dataset: Written):
     procs: list[subprocess.Popen[str]] = []
     yield start
     for p in procs:
-        p.kill()
-        p.wait()
+        reap(p)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

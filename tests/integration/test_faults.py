@@ -20,7 +20,7 @@ import stoker
 from stoker.cache.client import AgentClient
 from stoker.coordinator.client import CoordinatorClient
 
-from .helpers import Written, assert_exactly_once, check_samples, unbatch, write_dataset
+from .helpers import Written, assert_exactly_once, check_samples, reap, unbatch, write_dataset
 from .test_agent import Agents
 from .test_coordinator import Coordinators
 
@@ -112,7 +112,7 @@ def test_a_stopped_agent_is_bypassed_and_used_again_once_continued(
         go(proc)
         wait_paused(proc, 100)  # read on through storage while the agent is stopped
         agent.send_signal(signal.SIGCONT)
-        client = AgentClient(cache, autostart=False)
+        client = agents.client(cache)
         before = client.stats()
         # the reader's first connection, the one it left pending while the agent was stopped
         # (accepted before this client's, which came later), and this client's
@@ -122,8 +122,7 @@ def test_a_stopped_agent_is_bypassed_and_used_again_once_continued(
     finally:
         if proc.poll() is None:
             agent.send_signal(signal.SIGCONT)
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 0 and stdout.split()[-2] == "done", stderr
     assert stderr.count(FALLBACK) == 1, stderr  # one warning
     rows = [(i, c) for rec in recorded(out) for i, c in zip(rec["ids"], rec["crc"], strict=True)]
@@ -145,7 +144,7 @@ def test_a_connection_to_a_stopped_agent_times_out_and_is_used_once_it_answers(
     agent = agents.start(cache)
     ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, agent=False)
     dataset_id = ds.manifest.dataset_id
-    client = AgentClient(cache, autostart=False, connect_timeout=0.5, retry_interval=0.0)
+    client = agents.client(cache, connect_timeout=0.5, retry_interval=0.0)
     agent.send_signal(signal.SIGSTOP)
     try:
         with pytest.warns(RuntimeWarning, match="did not answer a connection within 0.5 s"):
@@ -174,7 +173,7 @@ def test_a_killed_agent_without_autostart_falls_back_and_a_new_one_is_used(
 ) -> None:
     cache = tmp_path / "cache"
     agent = agents.start(cache)
-    client = AgentClient(cache, autostart=False, connect_timeout=1.0, retry_interval=0.0)
+    client = agents.client(cache, connect_timeout=1.0, retry_interval=0.0)
     ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=4, agent=client,
                              arena_blocks=3)  # fmt: skip
     it = iter(stoker.TokenLoader(ds))
@@ -199,9 +198,9 @@ def test_an_agent_refusing_the_connection_is_bypassed(
 ) -> None:
     cache = tmp_path / "cache"
     agents.start(cache, "--max-connections", "1")
-    holder = AgentClient(cache, autostart=False)
+    holder = agents.client(cache)
     holder.stats()  # holds the agent's one connection
-    client = AgentClient(cache, autostart=False)
+    client = agents.client(cache)
     ds = stoker.TokenDataset(str(dataset.path), SEQ_LEN, batch_size=4, agent=client)
     with pytest.warns(RuntimeWarning, match="refused the connection"):
         samples = unbatch(stoker.TokenLoader(ds))
@@ -301,9 +300,7 @@ def test_a_job_with_a_stopped_worker_fails_with_a_worker_error_and_exits(
     finally:
         if victim and not gone(victim):
             os.kill(victim, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 3, stderr
     assert f"(pid {victim}) is not responding" in stderr and "2 s" in stderr, stderr
     assert [p for p in workers if not gone(p)] == []

@@ -176,6 +176,8 @@ def test_a_misfit_manifest_fails_through_the_node_agent(
     cache = tmp_path / "cache"
     agents.start(cache)
     ds = TokenDataset(str(dataset.path), SEQ_LEN, cache_dir=cache)
+    assert ds.agent is not None
+    agents.own(ds.agent)  # its connection is closed at the end
     with pytest.raises(stoker.ManifestError, match="outside the manifest's vocabulary") as info:
         list(ds)
     assert "from the stoker agent" in str(info.value)  # the agent decoded, and refused

@@ -14,7 +14,7 @@ import pytest
 import stoker
 from stoker.coordinator.client import CoordinatorClient
 
-from .helpers import Written, check_samples, unbatch, write_dataset
+from .helpers import Written, check_samples, reap, unbatch, write_dataset
 
 SEQ_LEN = 32
 
@@ -44,8 +44,7 @@ def start_coordinator(tmp_path: Path) -> Iterator:
 
     yield start
     for p in procs:
-        p.kill()
-        p.wait()
+        reap(p)
 
 
 def test_readers_take_manifest_and_index_from_the_coordinator(

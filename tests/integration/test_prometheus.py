@@ -18,6 +18,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from servers import free_port
 
+from .helpers import reap
+
 
 def prometheus_bin() -> str:
     path = shutil.which("prometheus")
@@ -103,8 +105,6 @@ def test_prometheus_scrapes_the_demo_ranks(tmp_path: Path) -> None:
             f"127.0.0.1:{metrics + 1}",
         }
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        reap(demo)  # and its pipe
         prom.terminate()
         prom.wait(timeout=30)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Written, write_dataset
+from .helpers import Written, reap, write_dataset
 
 SEQ_LEN = 32
 B = 4
@@ -91,7 +91,7 @@ def test_rank0_coordinator_survives_a_crash_and_resumes_on_three_ranks(
     coordinator = os.pidfd_open(started[0])
     for p in procs:
         p.send_signal(signal.SIGKILL)
-        p.wait()
+        reap(p)
     # its pipe from rank 0 closed, so the coordinator exits by itself
     ready, _, _ = select.select([coordinator], [], [], 30)
     assert ready, "the coordinator outlived rank 0"

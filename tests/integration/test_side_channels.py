@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Written, write_dataset
+from .helpers import Written, reap, write_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from servers import free_port
@@ -99,6 +99,7 @@ def test_a_rank_whose_port_is_taken_trains_and_is_found(
         assert job.stdin is not None
         job.stdin.close()  # its cue to stop
         job.wait(timeout=60)
+        reap(job)  # its stdout
     assert job.returncode == 0
     assert records(run_env) == []  # a clean exit removes its record
 
@@ -174,8 +175,7 @@ def test_doctor_takes_several_endpoints_after_one_flag(
         assert none.returncode == 2 and str(tmp_path / "nothing") in none.stderr
     finally:
         for p in procs:
-            p.kill()
-            p.wait()
+            reap(p)
 
 
 def test_a_metrics_endpoint_drops_half_sent_requests_and_keeps_scraping(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Written, write_dataset
+from .helpers import Written, reap, write_dataset
 
 JOB = Path(__file__).with_name("_doctor_job.py")
 
@@ -40,6 +40,4 @@ def test_workers_of_a_killed_rank_exit(dataset: Written) -> None:
         for fd in pidfds:
             os.close(fd)
     finally:
-        if rank.poll() is None:
-            rank.kill()
-            rank.wait()
+        reap(rank)  # and its pipes

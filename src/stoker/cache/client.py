@@ -35,6 +35,7 @@ blocks of a cold start twice.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import fcntl
 import json
@@ -54,6 +55,21 @@ from stoker.cache import wire
 from stoker.cache.config import AgentConfig
 from stoker.cache.paths import AgentPaths, default_cache_dir
 from stoker.errors import AgentError
+
+#: The agents this process started and has not reaped yet: an agent outlives the client
+#: that started it, so its handle stays here (not dropped while the agent runs, which
+#: would leave a zombie behind once it exits) until :func:`_reap` sees it exit.
+_spawned: list[subprocess.Popen[bytes]] = []
+_spawned_lock = threading.Lock()
+
+
+def _reap() -> None:
+    """Forget (and reap) the agents this process started that have exited."""
+    with _spawned_lock:
+        _spawned[:] = [proc for proc in _spawned if proc.poll() is None]
+
+
+atexit.register(_reap)
 
 
 class _Start:
@@ -224,8 +240,9 @@ class AgentClient:
             "--config-json",
             settings.to_json(config),
         ]
+        _reap()
         with open(self.paths.log, "ab") as logf:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
@@ -233,11 +250,15 @@ class AgentClient:
                 start_new_session=True,  # outlives this reader; not hit by its Ctrl-C
                 close_fds=True,
             )
+        with _spawned_lock:
+            _spawned.append(proc)
+        return proc
 
-    def _connect(self) -> socket.socket:
-        """Connect, starting an agent when none answers; give up after ``timeout``."""
+    def _connect(self, spawned: subprocess.Popen[bytes] | None = None) -> socket.socket:
+        """Connect, starting an agent when none answers (unless ``spawned``, the agent this
+        client started already, is still starting: then wait for that one); give up after
+        ``timeout``."""
         deadline = time.monotonic() + self.timeout
-        spawned: subprocess.Popen[bytes] | None = None
         while True:
             try:
                 return self._connect_once()
@@ -339,7 +360,8 @@ class AgentClient:
             if self._probe is not None:  # stats, holdings: wait for it, as always
                 self._probe.close()
                 self._probe = None
-            self._sock = self._connect()
+            # the agent this client started, not a second one beside it
+            self._sock = self._connect(self._starting.proc if self._starting else None)
             self._begin()
             return None
         kind = req.WhichOneof("kind")
@@ -570,6 +592,7 @@ class AgentClient:
             if self._probe is not None:
                 self._probe.close()
                 self._probe = None
+        _reap()
 
     # -- requests -------------------------------------------------------------------
     def open(self, url: str, storage_options: dict[str, Any] | None, dataset_id: str) -> None:

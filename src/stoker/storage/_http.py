@@ -163,6 +163,23 @@ class _Copy:
         return os.pread(self.file.fileno(), max(hi - lo, 0), lo)
 
 
+class _Connections:
+    """One thread's keep-alive connections, by (scheme, netloc), closed when they are
+    dropped: when their thread ends (its ``threading.local`` goes) or the filesystem
+    goes. (Left to the collector, each socket would be closed without being told.)"""
+
+    def __init__(self) -> None:
+        self.by_origin: dict[tuple[str, str], http.client.HTTPConnection] = {}
+
+    def close(self) -> None:
+        while self.by_origin:
+            _, conn = self.by_origin.popitem()
+            conn.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class HTTPFS:
     def __init__(self, connect_timeout: float, read_timeout: float) -> None:
         self.connect_timeout = connect_timeout
@@ -175,15 +192,15 @@ class HTTPFS:
     def _connection(
         self, scheme: str, netloc: str, deadline: float | None
     ) -> http.client.HTTPConnection:
-        conns: dict[tuple[str, str], http.client.HTTPConnection] = self._local.__dict__.setdefault(
-            "conns", {}
-        )
-        conn = conns.get((scheme, netloc))
+        conns: _Connections | None = self._local.__dict__.get("conns")
+        if conns is None:
+            conns = self._local.conns = _Connections()
+        conn = conns.by_origin.get((scheme, netloc))
         if conn is None:
             cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
             conn = cls(netloc, timeout=self._timeout(self.connect_timeout, deadline))
             conn.connect()
-            conns[(scheme, netloc)] = conn
+            conns.by_origin[(scheme, netloc)] = conn
         if conn.sock is not None:
             conn.sock.settimeout(self._timeout(self.read_timeout, deadline))
         return conn
@@ -195,7 +212,8 @@ class HTTPFS:
         return max(min(limit, deadline - time.monotonic()), 0.001)
 
     def _drop(self, scheme: str, netloc: str) -> None:
-        conn = self._local.__dict__.get("conns", {}).pop((scheme, netloc), None)
+        conns: _Connections | None = self._local.__dict__.get("conns")
+        conn = conns.by_origin.pop((scheme, netloc), None) if conns is not None else None
         if conn is not None:
             conn.close()
 
