@@ -48,8 +48,9 @@ class SampleReader:
     from the block's other uses is a job of its own. Blocks are fetched as many at a
     time as the storage allows (from a network; from local files by the decoding
     threads themselves), but only ``decoding`` are decoded and copied at once (each
-    holds a decoded block meanwhile, and each thread keeps what its allocations leave:
-    one is enough beside a consumer on one core).
+    holds a decoded block meanwhile, and each thread keeps what its allocations leave,
+    about 3 MiB; two decode about 190 M tokens/s of 1 MiB blocks on this machine's
+    cores, one about half that beside its consumer)
     """
 
     def __init__(
@@ -61,7 +62,7 @@ class SampleReader:
         agent: AgentClient | None = None,
         ahead: int | None = None,
         gap: int | None = None,
-        decoding: int = 1,
+        decoding: int = 2,
     ) -> None:
         m = source.manifest
         if seq_len + 1 > m.block_tokens:
