@@ -253,12 +253,12 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         SECTION,
         "",
         "How well one epoch is mixed, at the same memory, by stoker and by its peers' own",
-        'shuffles. stoker has two orders (`stoker.plan`). The default, `order="spread"`',
+        'shuffles. stoker has two orders (`stoker.plan`). `order="spread"`',
         "(`SpreadOrder`): units of `shard_size` samples (one stored block's worth by default)",
         "arrive one per turn in a permuted order, and each unit's samples, permuted, are dealt",
         "out over its turn and the following ones by a geometric profile of mean `spread`",
         'turns; a turn emits what it was dealt, permuted. `order="window"` (`EpochOrder`,',
-        "the default before): virtual shards of `shard_size` consecutive samples are",
+        "the default): virtual shards of `shard_size` consecutive samples are",
         "permuted, `window_shards` consecutive permuted shards form a shuffle window, and the",
         "samples of each window are permuted.",
         "",
@@ -429,13 +429,13 @@ def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
         and r.get("budget")
         and r.get("window")
     ]
-    default = next(r for r in rows if r.get("tag") == "default")
-    before = next((r for r in rows if r.get("tag") == "old default"), None)
-    if before is not None:
+    default = next((r for r in rows if r.get("tag") == "spread default"), None)
+    before = next((r for r in rows if r.get("tag") == "default"), None)
+    if before is not None and default is not None:
         out.append(
             f"* **Defaults**: the spread order's, {default['resident']:,} samples held "
             f"({fmt_bytes(default['resident'] * SEQ_LEN)} of tokens), mixing@256 "
-            f"{default['mix256']:.3f}; the window order's (the default before), one window of "
+            f"{default['mix256']:.3f}; the window order's (stoker's default), one window of "
             f"{before['resident']:,} samples of decoded blocks (a reader holds two), "
             f"{before['mix256']:.3f}: as well mixed with "
             f"{before['resident'] / default['resident']:.1f}x less memory counted by window "
@@ -531,9 +531,8 @@ def main(argv: list[str] | None = None) -> int:
             f'order="window", shard_size={ss}, window_shards={ws} (window {ss * ws:,}), '
             f"{fmt_bytes(bt)} blocks"
         )
-        if tag == "window":
-            cfg = f"the default before the spread order, at seq_len {SEQ_LEN}: {cfg}"
-            tag = "old default"
+        if tag == "default":
+            cfg = f"default at seq_len {SEQ_LEN}: {cfg}"
         row = {"system": "stoker", "config": cfg, "tag": tag, "budget": budget, "block": bt}
         row.update(shard=ss, window=ss * ws)
         row.update(resident=run["resident"], reads=run["reads"])
@@ -544,8 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         unit: int, mean: int, bt: int, run: dict[str, Any], budget: int | None, tag: str
     ) -> dict[str, Any]:
         cfg = f'order="spread", shard_size={unit}, spread={mean}, {fmt_bytes(bt)} blocks'
-        if tag == "default":
-            cfg = f"default at seq_len {SEQ_LEN}: {cfg}"
+        if tag == "spread default":
+            cfg = f"the spread order's defaults at seq_len {SEQ_LEN}: {cfg}"
         row = {"system": "stoker", "config": cfg, "tag": tag, "budget": budget, "block": bt}
         row.update(shard=unit, window=None, resident=run["resident"], reads=run["reads"])
         row["short"] = f'order="spread", spread={mean}'
@@ -565,15 +564,17 @@ def main(argv: list[str] | None = None) -> int:
                 run = stoker_run(n, seed, ss, b // ss, bt)
                 rows.append(stoker_row(ss, b // ss, bt, run, b, "nominal"))
             print(f"stoker shard {ss} block {bt} budget {b}: window_shards={ws}", flush=True)
-    default = ShuffleConfig().resolve(SEQ_LEN, BLOCK_TOKENS)
-    assert default.shard_size is not None and default.order == "spread"
-    run = spread_run(n, seed, default.shard_size, default.spread)
-    rows.append(spread_row(default.shard_size, default.spread, BLOCK_TOKENS, run, None, "default"))
-    window = ShuffleConfig(order="window").resolve(SEQ_LEN, BLOCK_TOKENS)
-    assert window.shard_size is not None
+    window = ShuffleConfig().resolve(SEQ_LEN, BLOCK_TOKENS)
+    assert window.shard_size is not None and window.order == "window"
     run = stoker_run(n, seed, window.shard_size, window.window_shards, BLOCK_TOKENS)
     rows.append(
-        stoker_row(window.shard_size, window.window_shards, BLOCK_TOKENS, run, None, "window")
+        stoker_row(window.shard_size, window.window_shards, BLOCK_TOKENS, run, None, "default")
+    )
+    spread = ShuffleConfig(order="spread").resolve(SEQ_LEN, BLOCK_TOKENS)
+    assert spread.shard_size is not None
+    run = spread_run(n, seed, spread.shard_size, spread.spread)
+    rows.append(
+        spread_row(spread.shard_size, spread.spread, BLOCK_TOKENS, run, None, "spread default")
     )
 
     # peers

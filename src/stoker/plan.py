@@ -9,10 +9,10 @@ unit / virtual shard
     ``shard_size`` consecutive samples; a read-time choice.
 data epoch ``e``
     A permutation of all samples, by one of two orders (``ShuffleConfig.order``).
-    ``"spread"`` (the default, :class:`SpreadOrder`): units arrive one per *turn* in a
+    ``"spread"`` (:class:`SpreadOrder`): units arrive one per *turn* in a
     permuted order and each unit's samples, permuted, are dealt out over its turn and
     the following ones (:func:`spread_profile`); a turn emits what it was dealt,
-    permuted. ``"window"`` (:class:`EpochOrder`): shards are permuted, consecutive
+    permuted. ``"window"`` (the default, :class:`EpochOrder`): shards are permuted, consecutive
     groups of ``window_shards`` permuted shards form a *shuffle window*, and the
     samples of a window are permuted among themselves.
 stream position ``p``
@@ -59,7 +59,7 @@ ORDERS = ("window", "spread")
 class ShuffleConfig:
     """How an epoch is shuffled.
 
-    ``order="window"``: shards of ``shard_size`` samples are permuted, ``window_shards``
+    ``order="window"`` (the default): shards of ``shard_size`` samples are permuted, ``window_shards``
     consecutive permuted shards form a window, and a window's samples are permuted
     (:class:`EpochOrder`); a reader holds about two windows of decoded data.
     ``order="spread"``: units of ``shard_size`` samples arrive in a permuted order and
@@ -73,7 +73,7 @@ class ShuffleConfig:
     shuffle: bool = True
     shard_size: int | None = None
     window_shards: int = 16
-    order: str = "spread"
+    order: str = "window"
     spread: int = 4
 
     def resolve(self, seq_len: int, block_tokens: int | None = None) -> ShuffleConfig:

@@ -49,8 +49,8 @@ class SampleReader:
     time as the storage allows (from a network; from local files by the decoding
     threads themselves), but only ``decoding`` are decoded and copied at once (each
     holds a decoded block meanwhile, and each thread keeps what its allocations leave,
-    about 3 MiB; two decode about 190 M tokens/s of 1 MiB blocks on this machine's
-    cores, one about half that beside its consumer)
+    about 3 MiB). A job of a whole 1 MiB block costs about 2.4 ms (2 of them the zstd
+    decode), a head 0.35 ms.
     """
 
     def __init__(
