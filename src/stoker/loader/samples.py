@@ -252,13 +252,14 @@ class SampleReader:
         jobs = self._jobs
         while jobs.next < len(jobs.order) and self._inflight < self._inflight_max:
             j = int(jobs.order[jobs.next])
+            first = int(jobs.first[j])
+            forced = first < self._needed
+            if not forced and first >= self._pos + self._ahead:
+                return  # not yet (asked again after every batch: this test first, it is cheap)
             lo, hi = int(jobs.bounds[j]), int(jobs.bounds[j + 1])
             ks, ps = jobs.k[lo:hi], jobs.p[lo:hi]
             fresh = ks[self._row[ks] < 0]
-            first = int(jobs.first[j])
-            if first >= self._needed and (
-                first >= self._pos + self._ahead or len(fresh) > len(self._free)
-            ):
+            if not forced and len(fresh) > len(self._free):
                 return
             if len(fresh):
                 rows = [self._free.pop() for _ in range(len(fresh))]
@@ -428,10 +429,9 @@ class SampleReader:
         """Windows of the next ``len(ids)`` planned samples, as int64 (into ``out`` if given)."""
         ids = np.asarray(ids, dtype=np.int64)
         n = len(ids)
-        self._check(ids)
         with self._lock:
             planned = self._seq[self._pos : self._pos + n].tobytes() == ids.tobytes()
-        if not planned:
+        if not planned:  # (planned ids were checked when they were planned)
             self.plan(ids)  # not what was planned: these, and nothing known after them
         with self._lock:
             p = self._pos
