@@ -230,6 +230,7 @@ class SpreadOrder:
         self.n = np.array(full + (0,) * (D - len(full)), dtype=np.int64)
         self.n_short = np.array(short + (0,) * (D - len(short)), dtype=np.int64)
         self.cum = np.concatenate([[0], np.cumsum(self.n)])
+        self.cum_short = np.concatenate([[0], np.cumsum(self.n_short)])
         # the turn the short unit arrives in (none: past the last turn)
         self.q = int(self.units.inverse(nu - 1)) if self.tail < u else nu + D
         self._dcum = np.concatenate([[0], np.cumsum(self.n - self.n_short)])
@@ -328,8 +329,7 @@ class SpreadOrder:
         within = r - (ends[rows, g] - dealt[rows, g])
         a = t - g
         is_short = a == self.q
-        cum_short = np.concatenate([[0], np.cumsum(self.n_short)])
-        offset = np.where(is_short, cum_short[g], self.cum[g]) + within
+        offset = np.where(is_short, self.cum_short[g], self.cum[g]) + within
         unit = self.units(a)
         size = np.where(is_short, self.tail, u)
         return unit * u + permute(offset, derive_keys(self._unit_key, unit), size)

@@ -45,6 +45,16 @@ def first_uses(blocks: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.nd
     return order, pos[is_first]
 
 
+def decode_threads(source: TokenSource, n: int) -> ThreadPoolExecutor:
+    """A reader's ``n`` threads that read and decode blocks of ``source``, counted by its
+    storage's observer while they exist."""
+    pool = ThreadPoolExecutor(n, thread_name_prefix="stoker-io")
+    observer = source.storage.observer
+    observer.threads_opened(n)
+    weakref.finalize(pool, observer.threads_closed, n)
+    return pool
+
+
 class BlockArena:
     def __init__(
         self,
@@ -183,11 +193,7 @@ class BlockArena:
         """This arena's threads that read and decode blocks ahead of use (as many as its
         storage allows reads in flight), started on first use, stopped by :meth:`close`."""
         if self._pool is None:
-            n = self.source.storage.max_inflight
-            self._pool = ThreadPoolExecutor(n, thread_name_prefix="stoker-io")
-            observer = self.source.storage.observer
-            observer.threads_opened(n)
-            weakref.finalize(self._pool, observer.threads_closed, n)
+            self._pool = decode_threads(self.source, self.source.storage.max_inflight)
         return self._pool
 
     def require(self, blocks: np.ndarray) -> np.ndarray:

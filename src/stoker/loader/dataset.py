@@ -14,9 +14,9 @@ from stoker.cache.config import AgentConfig
 from stoker.errors import ConfigError
 from stoker.formats.tokens import Metadata, TokenSource
 from stoker.loader.arena import NEVER, BlockArena, first_uses
-from stoker.loader.batch import Field, Layout
+from stoker.loader.batch import Layout
 from stoker.loader.planned import PlannedDataset
-from stoker.loader.samples import SampleReader
+from stoker.loader.samples import SampleReader, token_layout
 from stoker.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -190,7 +190,6 @@ class TokenDataset(PlannedDataset):
         if c.order == "spread" and self.arena_blocks is None and self.seq_len + 1 <= m.block_tokens:
             # a unit's samples are all dealt out within D turns of its arrival
             D = len(plan.spread_profile(c.shard_size, c.spread))
-            local = self.agent is not None or self.source.storage.protocol == "file"
             horizon = max(PLAN_CHUNK // 4, (D + 1) * c.shard_size)
             return SampleReader(
                 self.source,
@@ -198,9 +197,7 @@ class TokenDataset(PlannedDataset):
                 self.doc_starts,
                 horizon,
                 self.agent,
-                # a turn's read-ahead from local data (or an agent, which prefetches for
-                # its readers), four from a network
-                ahead=c.shard_size * (1 if local else 4),
+                ahead=c.shard_size,  # a turn's read-ahead (four from a network)
                 gap=2 * c.shard_size + 1,  # a unit's samples come at least once a turn
             )
         horizon = min(max(PLAN_CHUNK, c.shard_size * c.window_shards), 1 << 16)
@@ -278,12 +275,8 @@ class TokenReader:
 
     @staticmethod
     def layout_for(seq_len: int, doc_starts: bool) -> Layout:
-        """A batch of windows: ``tokens`` (int64, ``seq_len + 1``), and ``doc_start_mask``
-        (bool, the same shape) with ``doc_starts``."""
-        fields = {"tokens": Field(torch.int64, (seq_len + 1,))}
-        if doc_starts:
-            fields["doc_start_mask"] = Field(torch.bool, (seq_len + 1,))
-        return Layout(fields)
+        """A batch of windows (:func:`stoker.loader.samples.token_layout`)."""
+        return token_layout(seq_len, doc_starts)
 
     def plan(self, upcoming: np.ndarray) -> None:
         """The samples that come next, in order."""

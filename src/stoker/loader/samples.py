@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 
 from stoker.formats.tokens import TokenSource
+from stoker.loader.arena import decode_threads
 from stoker.loader.batch import Field, Layout
 
 if TYPE_CHECKING:
@@ -43,8 +43,8 @@ class SampleReader:
     ``horizon``: how far past a block's first use its decode also fills the samples
     that need it (further ones have the block decoded again); the reader asks to be
     planned twice as far ahead. ``ahead``: how many samples ahead of the next one a
-    block is read and decoded (default ``horizon // 8``); what is filled early is held
-    early, so this is memory. ``gap``: a sample that ends in a block further than this
+    block is read and decoded (default ``horizon // 8``; four times that from a network
+    without an agent); what is filled early is held early, so this is memory. ``gap``: a sample that ends in a block further than this
     from the block's other uses is a job of its own. Blocks are fetched as many at a
     time as the storage allows (from a network; from local files by the decoding
     threads themselves), but only ``decoding`` are decoded and copied at once (each
@@ -79,7 +79,7 @@ class SampleReader:
         # job starts ``ahead`` of its first use and fills up to ``reach`` past it
         self.horizon = 2 * self.reach
         self.doc_starts = doc_starts
-        self.layout = Layout(self.layout_fields(seq_len, doc_starts))
+        self.layout = token_layout(seq_len, doc_starts)
         self.agent = agent
         self.dataset_id = m.dataset_id
         if agent is not None:
@@ -98,8 +98,11 @@ class SampleReader:
         local = storage.protocol == "file"
         self._threads = decoding if local and agent is None else storage.max_inflight
         self._stash_limit = 0 if local else _STASH
-        self._inflight_max = self._threads
-        self._ahead = max(1, ahead if ahead is not None else self.reach // 8)
+        # read ahead four times as far from a network as from local data or an agent
+        # (which prefetches for its readers)
+        self._ahead = max(1, ahead if ahead is not None else self.reach // 8) * (
+            1 if local or agent is not None else 4
+        )
         self._gap = max(1, gap if gap is not None else self.reach // 8)
         self._decoding = threading.Semaphore(max(1, decoding))
         self._inflight = 0
@@ -123,13 +126,6 @@ class SampleReader:
         self._ticket = 0
         self.decoded = 0  # blocks decoded (or mapped from the agent), for tests and metrics
         self.heads = 0  # of them, decoded only as far as samples that end in them need
-
-    @staticmethod
-    def layout_fields(seq_len: int, doc_starts: bool) -> dict[str, Field]:
-        fields = {"tokens": Field(torch.int64, (seq_len + 1,))}
-        if doc_starts:
-            fields["doc_start_mask"] = Field(torch.bool, (seq_len + 1,))
-        return fields
 
     # -- the plan -----------------------------------------------------------------------
     def plan(self, upcoming: np.ndarray) -> None:
@@ -165,7 +161,7 @@ class SampleReader:
             if len(upcoming) > len(self._tok):
                 self._grow(len(upcoming))
             self._jobs = self._cut()
-            blocks = self._jobs.block[self._jobs.order[: 4 * self._inflight_max]]
+            blocks = self._jobs.block[self._jobs.order[: 4 * self._threads]]
             self._pump()
         if self.agent is not None:
             self.agent.plan(self.dataset_id, blocks.tolist())
@@ -234,7 +230,7 @@ class SampleReader:
         # a job that only fills heads (the parts of samples begun in the block before)
         # joins the job of the same block before it: a row taken early, no second read
         at = np.nonzero(start)[0]
-        heads = np.minimum.reduceat(P >= 1, at).astype(bool)
+        heads = np.minimum.reduceat(head, at).astype(bool)
         after = np.concatenate([[False], B[at[1:]] == B[at[1:] - 1]])
         near = np.concatenate([[False], K[at[1:]] - K[run[at[1:] - 1]] < 2 * self.reach])
         start[at[heads & after & near]] = False
@@ -250,7 +246,7 @@ class SampleReader:
         sample the batch being taken needs (plan index below ``_needed``) starts whatever
         the room."""
         jobs = self._jobs
-        while jobs.next < len(jobs.order) and self._inflight < self._inflight_max:
+        while jobs.next < len(jobs.order) and self._inflight < self._threads:
             j = int(jobs.order[jobs.next])
             first = int(jobs.first[j])
             forced = first < self._needed
@@ -285,11 +281,7 @@ class SampleReader:
 
     def _decoders(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            n = self._threads
-            self._pool = ThreadPoolExecutor(n, thread_name_prefix="stoker-io")
-            observer = self.source.storage.observer
-            observer.threads_opened(n)
-            weakref.finalize(self._pool, observer.threads_closed, n)
+            self._pool = decode_threads(self.source, self._threads)
         return self._pool
 
     def _run(
@@ -305,7 +297,7 @@ class SampleReader:
                 self._changed.wait()
         t = time.perf_counter()
         try:
-            self._fill(block, numbers, rows, keep)
+            head = self._fill(block, numbers, rows, keep)
         except BaseException as exc:
             with self._lock:
                 self._error = self._error or exc
@@ -317,6 +309,7 @@ class SampleReader:
             self.source.storage.observer.thread_busy(time.perf_counter() - t)
         with self._lock:
             self.decoded += 1
+            self.heads += head
             k = numbers - self._base
             self._missing[k] -= 1
             self._inflight -= 1
@@ -336,17 +329,19 @@ class SampleReader:
         if not turns:
             del self._turns[block]
 
-    def _fill(self, block: int, numbers: np.ndarray, rows: np.ndarray, keep: bool) -> None:
+    def _fill(self, block: int, numbers: np.ndarray, rows: np.ndarray, keep: bool) -> bool:
         """Read ``block`` (through the agent, or storage), decode it and copy its parts
-        while holding one of the ``decoding`` permits, then let it go. With ``keep`` (a
-        later job reads the block again: a head of it was enough now, or other samples of
-        it come later) its record is kept for that job (a few MiB of them at most)."""
+        while holding one of the ``decoding`` permits, then let it go; whether only a head
+        of it was decoded. With ``keep`` (a later job reads the block again: a head of it
+        was enough now, or other samples of it come later) its record is kept for that job
+        (a few MiB of them at most)."""
         with self._lock:
             ids = self._seq[numbers - self._base]
         a = ids * self.L - block * self.bt  # each sample's first token, from the block's
         # decoded only as far as the furthest token a sample needs (a head of the block,
         # when its samples end early in it: those that begin in the block before)
-        prefix = min(int((a + self.width).max()), self.source.manifest.block_len(block))
+        length = self.source.manifest.block_len(block)
+        prefix = min(int((a + self.width).max()), length)
         record = None
         if self.agent is not None:
             got = self.agent.get(self.dataset_id, block)
@@ -360,7 +355,7 @@ class SampleReader:
                         del toks, flags
                 finally:
                     self.agent.release(self.dataset_id, [block])
-                return
+                return False
             record = got.record or None  # inline, or no agent answered: read it here
         if record is None:
             with self._lock:
@@ -374,11 +369,11 @@ class SampleReader:
         with self._decoding:
             toks, starts = self.source.decode(block, record, prefix)
             del record
-            self.heads += prefix < self.source.manifest.block_len(block)
             self._copy(a, rows, toks, starts)
+        return prefix < length
 
     def _copy(self, a: np.ndarray, rows: np.ndarray, toks: np.ndarray, starts: np.ndarray) -> None:
-        """Block ``block``'s tokens and document starts of each sample into its row. A row
+        """A block's tokens and document starts of each sample into its row. A row
         is this job's alone, but for a sample in two blocks, whose row the other block's
         job shares: its tokens are other columns, its bits are set under the lock. ``a``:
         each sample's first token, from the block's; ``toks``: the block, or its head."""
@@ -483,6 +478,15 @@ class SampleReader:
                 self.agent.hand_over(self.dataset_id)
             except Exception:
                 pass  # the agent is gone: its pins went with it
+
+
+def token_layout(seq_len: int, doc_starts: bool) -> Layout:
+    """A batch of token windows: ``tokens`` (int64, ``seq_len + 1``), and
+    ``doc_start_mask`` (bool, the same shape) with ``doc_starts``."""
+    fields = {"tokens": Field(torch.int64, (seq_len + 1,))}
+    if doc_starts:
+        fields["doc_start_mask"] = Field(torch.bool, (seq_len + 1,))
+    return Layout(fields)
 
 
 _STASH = 4 << 20  # bytes of records kept for a later job at most (about 9 of 1 MiB blocks)
