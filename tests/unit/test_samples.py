@@ -81,6 +81,45 @@ def test_every_sample_reads_as_the_stream_holds_it(
         assert full <= units + 1
 
 
+@pytest.mark.parametrize(
+    ("seq_len", "unit"),
+    [
+        (16, 16),  # a unit is a block's samples: its last ends one token into the next block
+        (100, 3),  # samples end up to 97 tokens into the next block
+    ],
+)
+def test_a_second_epoch_finds_every_blocks_first_tokens_kept(
+    small: SmallDataset, seq_len: int, unit: int
+) -> None:
+    """A block's first tokens are kept from any decode of it: a sample that ends in a
+    block read before is filled without reading or decoding that block again."""
+    source = stoker.TokenSource(small.url)
+    n = (source.manifest.num_tokens - 1) // seq_len
+    mean = 3
+    D = len(spread_profile(unit, mean))
+    reader = SampleReader(source, seq_len, True, (D + 1) * unit, ahead=unit, gap=2 * unit + 1)
+    try:
+        first, second = spread_ids(n, unit, mean, 0), spread_ids(n, unit, mean, 1)
+        reader.plan(first)
+        got = [take_all(reader, first, 8)]
+        heads, leads = reader.heads, reader.leads
+        reader.plan(second)
+        got.append(take_all(reader, second, 8))
+    finally:
+        reader.close()
+    for ids, (toks, masks) in zip((first, second), got):
+        want_toks, want_masks = expected(small, ids, seq_len)
+        np.testing.assert_array_equal(toks, want_toks)
+        np.testing.assert_array_equal(masks, want_masks)
+    assert reader.leads > leads  # the second epoch's heads came from what was kept
+    if unit * seq_len == source.manifest.block_tokens:
+        # every job but a head's decodes a whole block (but the last block's, where the
+        # dataset's last tokens make no sample): no head is decoded in the second epoch
+        assert heads > 0
+        tail = n * seq_len + 1 < source.manifest.num_tokens
+        assert reader.heads - heads <= int(tail)
+
+
 def test_a_plan_in_pieces_and_a_changed_plan_read_what_is_asked(small: SmallDataset) -> None:
     """Planned ahead piece by piece, then told another future (a lease cut short): every
     batch is the samples asked for, whatever was filled for the old plan."""

@@ -197,7 +197,9 @@ class TokenDataset(PlannedDataset):
                 self.doc_starts,
                 horizon,
                 self.agent,
-                ahead=c.shard_size,  # a turn's read-ahead (four from a network)
+                # four turns' read-ahead (sixteen from a network): with one, the consumer
+                # waited at nearly every turn's start for its new unit's block (2 cores)
+                ahead=4 * c.shard_size,
                 gap=2 * c.shard_size + 1,  # a unit's samples come at least once a turn
             )
         horizon = min(max(PLAN_CHUNK, c.shard_size * c.window_shards), 1 << 16)

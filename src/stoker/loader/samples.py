@@ -2,8 +2,8 @@
 
 A :class:`SampleReader` knows the samples its consumer takes next, in order (its
 plan). It decodes each stored block for the samples of the plan that need it within
-``horizon`` of the block's first use, copies their tokens (and document-start flags,
-packed as bits) into rows of its slab, and lets the block go. What it holds is the
+``horizon`` of the block's first use, copies their tokens (and document-start flags)
+into rows of its slab, and lets the block go. What it holds is the
 samples decoded but not yet taken, plus the few blocks its threads have in hand:
 with ``order="spread"`` (:class:`stoker.plan.SpreadOrder`) about ``spread + 1`` units
 of samples, whatever the size of the dataset.
@@ -20,6 +20,7 @@ most ever held are touched, and only those take memory).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -43,14 +44,17 @@ class SampleReader:
     ``horizon``: how far past a block's first use its decode also fills the samples
     that need it (further ones have the block decoded again); the reader asks to be
     planned twice as far ahead. ``ahead``: how many samples ahead of the next one a
-    block is read and decoded (default ``horizon // 8``; four times that from a network
-    without an agent); what is filled early is held early, so this is memory. ``gap``: a sample that ends in a block further than this
-    from the block's other uses is a job of its own. Blocks are fetched as many at a
-    time as the storage allows (from a network; from local files by the decoding
-    threads themselves), but only ``decoding`` are decoded and copied at once (each
-    holds a decoded block meanwhile, and each thread keeps what its allocations leave,
-    about 3 MiB). A job of a whole 1 MiB block costs about 2.4 ms (2 of them the zstd
-    decode), a head 0.35 ms.
+    block is read and decoded (default ``horizon // 8``; four times that from a
+    network without an agent); what is filled early is held early, so this is memory.
+    ``gap``: a sample that ends in a block further than this from the block's other
+    uses is a job of its own. Blocks are fetched as many at a time as the storage
+    allows (from a network; from local files by the decoding threads themselves), but
+    only ``decoding`` are decoded and copied at once (each holds a decoded block
+    meanwhile, and each thread keeps what its allocations leave, about 3 MiB). A job
+    of a whole 1 MiB block costs about 2 ms, nearly all of it the zstd decode (which
+    lets go of the interpreter lock; the copy into rows, one call, holds it about
+    50 us); a head about 0.45 ms (the record read again, its checksum, a streamed
+    decode), none when the block's first tokens were kept.
     """
 
     def __init__(
@@ -85,9 +89,8 @@ class SampleReader:
         if agent is not None:
             agent.open(source.url, source.storage.storage_options, m.dataset_id)
         self._dtype = m.np_dtype
-        self._nbits = -(-self.width // 8)
         self._tok = np.zeros((0, self.width), dtype=self._dtype)
-        self._bits = np.zeros((0, self._nbits if doc_starts else 0), dtype=np.uint8)
+        self._flag = np.zeros((0, self.width if doc_starts else 0), dtype=bool)
         self._free: list[int] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -124,8 +127,21 @@ class SampleReader:
         self._stash: dict[int, bytes] = {}  # block -> its record, kept for its next job
         self._turns: dict[int, deque[int]] = {}  # block -> tickets of its jobs started
         self._ticket = 0
+        # each block's first tokens (and flags), kept from any decode of it: a sample
+        # that ends in a block needs no more of it (a sample begins every L tokens, so
+        # at most L + 1 - gcd(block_tokens, L) of them; one when L divides block_tokens)
+        # and finds them here instead of reading and decoding the block again
+        lead = 1 if self.bt % seq_len == 0 else seq_len + 1 - math.gcd(self.bt, seq_len)
+        self._lead = min(lead, self.bt)
+        per_block = self._lead * (self._dtype.itemsize + 1) + 1
+        keep_leads = m.num_blocks * per_block <= _LEADS
+        blocks = m.num_blocks if keep_leads else 0
+        self._lead_tok = np.zeros((blocks, self._lead), dtype=self._dtype)
+        self._lead_flag = np.zeros((blocks, self._lead), dtype=bool)
+        self._lead_have = np.zeros(blocks, dtype=bool)
         self.decoded = 0  # blocks decoded (or mapped from the agent), for tests and metrics
         self.heads = 0  # of them, decoded only as far as samples that end in them need
+        self.leads = 0  # jobs filled from a block's first tokens kept from an earlier decode
 
     # -- the plan -----------------------------------------------------------------------
     def plan(self, upcoming: np.ndarray) -> None:
@@ -186,12 +202,12 @@ class SampleReader:
         while self._inflight:
             self._changed.wait()
         tok = np.zeros((rows, self.width), dtype=self._dtype)
-        bits = np.zeros((rows, self._bits.shape[1]), dtype=np.uint8)
+        flag = np.zeros((rows, self._flag.shape[1]), dtype=bool)
         used = self._row[self._row >= 0]  # only rows that hold samples: the rest untouched
         tok[used] = self._tok[used]
-        bits[used] = self._bits[used]
+        flag[used] = self._flag[used]
         held = len(self._tok)
-        self._tok, self._bits = tok, bits
+        self._tok, self._flag = tok, flag
         # rows last freed are taken first: the low rows, already touched, before new ones
         self._free = list(range(rows - 1, held - 1, -1)) + self._free
 
@@ -246,22 +262,19 @@ class SampleReader:
         sample the batch being taken needs (plan index below ``_needed``) starts whatever
         the room."""
         jobs = self._jobs
-        while jobs.next < len(jobs.order) and self._inflight < self._threads:
-            j = int(jobs.order[jobs.next])
-            first = int(jobs.first[j])
+        while jobs.next < len(jobs.due) and self._inflight < self._threads:
+            first = jobs.due[jobs.next]
             forced = first < self._needed
             if not forced and first >= self._pos + self._ahead:
                 return  # not yet (asked again after every batch: this test first, it is cheap)
+            j = int(jobs.order[jobs.next])
             lo, hi = int(jobs.bounds[j]), int(jobs.bounds[j + 1])
             ks, ps = jobs.k[lo:hi], jobs.p[lo:hi]
             fresh = ks[self._row[ks] < 0]
             if not forced and len(fresh) > len(self._free):
                 return
             if len(fresh):
-                rows = [self._free.pop() for _ in range(len(fresh))]
-                self._row[fresh] = rows
-                if self.doc_starts:
-                    self._bits[rows] = 0  # a reused row's bits: jobs only set bits
+                self._row[fresh] = [self._free.pop() for _ in range(len(fresh))]
             self._given[ks] |= (1 << ps).astype(np.uint8)
             jobs.next += 1
             self._inflight += 1
@@ -297,7 +310,7 @@ class SampleReader:
                 self._changed.wait()
         t = time.perf_counter()
         try:
-            head = self._fill(block, numbers, rows, keep)
+            got = self._fill(block, numbers, rows, keep)
         except BaseException as exc:
             with self._lock:
                 self._error = self._error or exc
@@ -308,8 +321,9 @@ class SampleReader:
         finally:
             self.source.storage.observer.thread_busy(time.perf_counter() - t)
         with self._lock:
-            self.decoded += 1
-            self.heads += head
+            self.decoded += got != _LEAD
+            self.heads += got == _HEAD
+            self.leads += got == _LEAD
             k = numbers - self._base
             self._missing[k] -= 1
             self._inflight -= 1
@@ -329,10 +343,11 @@ class SampleReader:
         if not turns:
             del self._turns[block]
 
-    def _fill(self, block: int, numbers: np.ndarray, rows: np.ndarray, keep: bool) -> bool:
+    def _fill(self, block: int, numbers: np.ndarray, rows: np.ndarray, keep: bool) -> int:
         """Read ``block`` (through the agent, or storage), decode it and copy its parts
-        while holding one of the ``decoding`` permits, then let it go; whether only a head
-        of it was decoded. With ``keep`` (a later job reads the block again: a head of it
+        while holding one of the ``decoding`` permits, then let it go: what was read
+        (``_WHOLE``, ``_HEAD``: only a head of it was decoded, ``_LEAD``: nothing, its
+        first tokens were kept). With ``keep`` (a later job reads the block again: a head of it
         was enough now, or other samples of it come later) its record is kept for that job
         (a few MiB of them at most)."""
         with self._lock:
@@ -342,6 +357,10 @@ class SampleReader:
         # when its samples end early in it: those that begin in the block before)
         length = self.source.manifest.block_len(block)
         prefix = min(int((a + self.width).max()), length)
+        if prefix <= self._lead and len(self._lead_have) and self._lead_have[block]:
+            flags = self._lead_flag[block, :prefix] if self.doc_starts else None
+            self._copy(a, rows, self._lead_tok[block, :prefix], flags)
+            return _LEAD
         record = None
         if self.agent is not None:
             got = self.agent.get(self.dataset_id, block)
@@ -351,11 +370,12 @@ class SampleReader:
                 try:
                     with self._decoding:
                         toks, flags = map_block(got.path, int(got.tokens), self._dtype)
-                        self._copy(a, rows, toks, np.flatnonzero(flags))
+                        self._copy(a, rows, toks, flags if self.doc_starts else None)
+                        self._keep_lead(block, toks, flags)
                         del toks, flags
                 finally:
                     self.agent.release(self.dataset_id, [block])
-                return False
+                return _WHOLE
             record = got.record or None  # inline, or no agent answered: read it here
         if record is None:
             with self._lock:
@@ -369,48 +389,57 @@ class SampleReader:
         with self._decoding:
             toks, starts = self.source.decode(block, record, prefix)
             del record
-            self._copy(a, rows, toks, starts)
-        return prefix < length
+            flags = np.zeros(len(toks), dtype=bool)
+            flags[starts[starts < len(toks)]] = True
+            self._copy(a, rows, toks, flags if self.doc_starts else None)
+            self._keep_lead(block, toks, flags)
+        return _HEAD if prefix < length else _WHOLE
 
-    def _copy(self, a: np.ndarray, rows: np.ndarray, toks: np.ndarray, starts: np.ndarray) -> None:
-        """A block's tokens and document starts of each sample into its row. A row
+    def _keep_lead(self, block: int, toks: np.ndarray, flags: np.ndarray) -> None:
+        """Keep the first tokens of ``block`` (decoded from its start) for later heads."""
+        if len(self._lead_have) and not self._lead_have[block]:
+            e = min(self._lead, len(toks))
+            self._lead_tok[block, :e] = toks[:e]
+            self._lead_flag[block, :e] = flags[:e]
+            if e == min(self._lead, self.source.manifest.block_len(block)):
+                self._lead_have[block] = True  # (after its tokens: a reader sees them whole)
+
+    def _copy(
+        self, a: np.ndarray, rows: np.ndarray, toks: np.ndarray, flags: np.ndarray | None
+    ) -> None:
+        """A block's tokens and document-start flags of each sample into its row. A row
         is this job's alone, but for a sample in two blocks, whose row the other block's
-        job shares: its tokens are other columns, its bits are set under the lock. ``a``:
-        each sample's first token, from the block's; ``toks``: the block, or its head."""
-        w, n = self.width, len(toks)
+        job shares: each fills its own columns. ``a``: each sample's first token, from
+        the block's; ``toks``: the block, or its head; ``flags``: per token of ``toks``,
+        whether a document starts there (``None`` without document starts)."""
+        w, L, n = self.width, self.L, len(toks)
         whole = (a >= 0) & (a + w <= n)
         if whole.any():
             r, at = rows[whole], a[whole]
-            tok = self._tok
-            # a row at a time: a contiguous copy of this size lets go of the interpreter
-            # lock, a fancy-indexed one of many rows holds it (measured: 30% more tokens/s
-            # at num_workers=0 on 2 cores)
-            for row, x in zip(r.tolist(), at.tolist()):
-                np.copyto(tok[row], toks[x : x + w])
-            if self.doc_starts:
-                self._set_bits(r, at, starts)
-        split = np.nonzero(~whole)[0]
-        for i in split.tolist():
+            # samples begin every L tokens: the block's windows are one strided view, and
+            # its samples that this job fills are rows of it, copied in one call (under
+            # the interpreter lock for about 50 us a block, against 300 us for a loop of
+            # row copies that let go of it)
+            lo = int(at.min())
+            m = (int(at.max()) - lo) // L + 1
+            idx = (at - lo) // L
+            dest = np.full(m, -1, dtype=np.int64)
+            dest[idx] = r
+            every = len(idx) == m and bool((dest >= 0).all())  # each window once, in order
+            for slab, src in ((self._tok, toks), (self._flag, flags)):
+                if src is None:
+                    continue
+                view = _windows(src[lo:], m, w, L)
+                if every:
+                    slab[dest] = view
+                else:
+                    slab[r] = view[idx]
+        for i in np.flatnonzero(~whole).tolist():
             row, start = int(rows[i]), int(a[i])
             lo, hi = max(start, 0), min(start + w, n)
             self._tok[row, lo - start : hi - start] = toks[lo:hi]
-        if self.doc_starts and len(split):
-            with self._lock:
-                self._set_bits(rows[split], a[split], starts)
-
-    def _set_bits(self, rows: np.ndarray, at: np.ndarray, starts: np.ndarray) -> None:
-        """Set the bit of every document start inside each row's window ``[at, at + w)``
-        (``starts``: sorted offsets in the block; ``at`` may be negative)."""
-        lo = np.searchsorted(starts, at)
-        hi = np.searchsorted(starts, at + self.width)
-        count = hi - lo
-        total = int(count.sum())
-        if not total:
-            return
-        which = np.repeat(np.arange(len(rows)), count)
-        flat = np.arange(total) - np.repeat(np.cumsum(count) - count, count) + lo[which]
-        off = starts[flat] - at[which]
-        np.bitwise_or.at(self._bits, (rows[which], off >> 3), (128 >> (off & 7)).astype(np.uint8))
+            if flags is not None:
+                self._flag[row, lo - start : hi - start] = flags[lo:hi]
 
     # -- taking -------------------------------------------------------------------------
     def fill(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> None:
@@ -424,29 +453,26 @@ class SampleReader:
         """Windows of the next ``len(ids)`` planned samples, as int64 (into ``out`` if given)."""
         ids = np.asarray(ids, dtype=np.int64)
         n = len(ids)
-        with self._lock:
-            planned = self._seq[self._pos : self._pos + n].tobytes() == ids.tobytes()
-        if not planned:  # (planned ids were checked when they were planned)
-            self.plan(ids)  # not what was planned: these, and nothing known after them
-        with self._lock:
-            p = self._pos
-            self._needed = p + n
-            self._pump()
-            while True:
-                self._raise_error()
-                if not len(self._missing[p : p + n]) or int(self._missing[p : p + n].max()) <= 0:
+        while True:
+            with self._lock:
+                p = self._pos
+                # (planned ids were checked when they were planned)
+                if self._seq[p : p + n].tobytes() == ids.tobytes():
+                    self._needed = p + n
+                    self._pump()
+                    while True:
+                        self._raise_error()
+                        if not np.count_nonzero(self._missing[p : p + n]):
+                            break
+                        self._changed.wait()
+                    rows = self._row[p : p + n].copy()
                     break
-                self._changed.wait()
-            rows = self._row[p : p + n].copy()
+            self.plan(ids)  # not what was planned: these, and nothing known after them
         if out is None:
             out = np.empty((n, self.width), dtype=np.int64)
         out[...] = self._tok[rows]
         if self.doc_starts:
-            got = np.unpackbits(self._bits[rows], axis=1, count=self.width).view(bool)
-            if mask is None:
-                mask = got
-            else:
-                mask[...] = got
+            mask = np.take(self._flag, rows, axis=0, out=mask, mode="clip")  # (rows are valid)
         with self._lock:
             self._row[p : p + n] = -1
             self._free.extend(rows[::-1].tolist())
@@ -480,6 +506,13 @@ class SampleReader:
                 pass  # the agent is gone: its pins went with it
 
 
+def _windows(x: np.ndarray, m: int, w: int, step: int) -> np.ndarray:
+    """``m`` windows of ``w`` elements of ``x``, one every ``step`` (a read-only view)."""
+    return np.lib.stride_tricks.as_strided(
+        x, shape=(m, w), strides=(step * x.strides[0], x.strides[0]), writeable=False
+    )
+
+
 def token_layout(seq_len: int, doc_starts: bool) -> Layout:
     """A batch of token windows: ``tokens`` (int64, ``seq_len + 1``), and
     ``doc_start_mask`` (bool, the same shape) with ``doc_starts``."""
@@ -489,6 +522,8 @@ def token_layout(seq_len: int, doc_starts: bool) -> Layout:
     return Layout(fields)
 
 
+_WHOLE, _HEAD, _LEAD = 0, 1, 2  # what a job read: its block, a head of it, kept first tokens
+_LEADS = 8 << 20  # bytes of blocks' first tokens kept at most (else none are kept)
 _STASH = 4 << 20  # bytes of records kept for a later job at most (about 9 of 1 MiB blocks)
 
 
@@ -510,6 +545,7 @@ class _Jobs:
     ) -> None:
         self.k, self.p, self.bounds, self.block = k, p, bounds, block
         self.order, self.first, self.keep = order, first, keep
+        self.due: list[int] = first[order].tolist()  # first uses in running order
         self.next = 0
 
     @classmethod
