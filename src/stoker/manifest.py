@@ -40,9 +40,28 @@ INDEX_DTYPE = np.dtype(
         ("bounds_bytes", "<u4"),  # length of the document-starts frame
         ("xxh64", "<u8"),  # xxh64 of both frames
         ("doc_starts", "<u4"),  # number of document starts in the block
-        ("reserved", "<u4"),
+        ("lead", "<u4"),  # the block's first token (see encode_lead); 0: not recorded
     ]
 )
+#: In an index entry's ``lead``: a document starts at the block's first token.
+LEAD_DOC_START = 1 << 31
+
+
+def encode_lead(token: int, doc_start: bool) -> int:
+    """An index entry's ``lead``: ``1 + token``, plus :data:`LEAD_DOC_START` when a
+    document starts there; 0 (not recorded) for a token id too large to hold. A reader
+    fills a sample that ends one token into a block from it, without the block."""
+    if token + 1 >= LEAD_DOC_START:
+        return 0
+    return token + 1 + (LEAD_DOC_START if doc_start else 0)
+
+
+def decode_leads(index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every block's first token, whether a document starts there, and whether the
+    entry records them (datasets written before the field existed hold 0)."""
+    lead = index["lead"].astype(np.int64)
+    return (lead & (LEAD_DOC_START - 1)) - 1, lead >= LEAD_DOC_START, lead != 0
+
 
 _DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 #: The largest block a reader will decode (256 MiB of uint16); the writer's default is 2^19.
@@ -381,7 +400,8 @@ class _Fields:
 def parse_index(data: bytes, manifest: Manifest, where: str) -> np.ndarray:
     """Decode the block index and check every entry against the manifest: each block
     record lies inside its data file, holds a tokens frame, and has no more document
-    starts than tokens."""
+    starts than tokens (the first tokens recorded are checked where they are read:
+    :meth:`stoker.TokenSource.leads`, and against the data by every decode)."""
     m = manifest
     if len(data) != m.num_blocks * INDEX_DTYPE.itemsize:
         raise ManifestError(

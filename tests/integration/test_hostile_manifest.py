@@ -213,6 +213,47 @@ def test_document_starts_must_match_the_index(dataset: Written) -> None:
     assert "block 1" in str(info.value)
 
 
+def _forge_lead(dataset: Written, block: int, lead: int) -> None:
+    index_path = dataset.path / dataset.manifest.index.path
+    index = np.frombuffer(index_path.read_bytes(), INDEX_DTYPE).copy()
+    index[block]["lead"] = lead
+    index_path.write_bytes(index.tobytes())
+    raw = dataset.manifest_dict()
+    raw.pop("decode_xxh64")
+    raw["index"]["xxh64"] = None
+    dataset.write_manifest(raw)
+
+
+def test_a_first_token_that_is_not_the_blocks_is_refused(dataset: Written) -> None:
+    """The index's record of a block's first token is checked by every decode of it."""
+    from stoker.manifest import encode_lead
+
+    src = TokenSource(str(dataset.path))
+    toks, _ = src.block(2)
+    _forge_lead(dataset, 2, encode_lead((int(toks[0]) + 1) % dataset.manifest.vocab_size, False))
+    src = TokenSource(str(dataset.path))
+    src.block(1)  # the other blocks read as before
+    with pytest.raises(stoker.ManifestError, match="index does not belong") as info:
+        src.block(2)
+    assert "block 2" in str(info.value)
+    with pytest.raises(stoker.ManifestError, match="index does not belong"):
+        src.decode(2, src.record(2), 5)  # a head of it too
+
+
+def test_a_first_token_outside_the_vocabulary_is_refused_before_it_is_read(
+    dataset: Written,
+) -> None:
+    from stoker.loader.samples import SampleReader
+    from stoker.manifest import encode_lead
+
+    _forge_lead(dataset, 3, encode_lead(dataset.manifest.vocab_size + 7, False))
+    src = TokenSource(str(dataset.path))
+    with pytest.raises(stoker.ManifestError, match="outside the manifest's vocabulary") as info:
+        SampleReader(src, SEQ_LEN, True, 64)
+    assert "block 3" in str(info.value)
+    assert dataset.manifest.block_file(3).path in str(info.value)
+
+
 def test_manifest_json_roundtrip_keeps_the_checksum(dataset: Written) -> None:
     m = TokenSource(str(dataset.path)).manifest
     again = stoker.Manifest.from_json(m.to_json())

@@ -286,6 +286,26 @@ def test_block_checksums_are_in_the_index(write_small: Callable[..., SmallDatase
         assert int(ends[-1]) == ref.bytes == (root / ref.path).stat().st_size
 
 
+def test_each_blocks_first_token_is_in_the_index(write_small: Callable[..., SmallDataset]) -> None:
+    """The index records each block's first token and whether a document starts there
+    (what a reader needs of a block for a sample that ends one token into it)."""
+    from stoker.manifest import LEAD_DOC_START, decode_leads, encode_lead
+
+    ds = write_small(num_docs=80, max_len=400, block_tokens=512)
+    m = ds.manifest
+    index = np.frombuffer((Path(ds.url) / m.index.path).read_bytes(), dtype=INDEX_DTYPE)
+    stream, offsets = ds.stream, set(ds.doc_offsets.tolist())
+    starts = np.arange(m.num_blocks) * m.block_tokens
+    first, doc, recorded = decode_leads(index)
+    assert recorded.all()
+    np.testing.assert_array_equal(first, stream[starts])
+    assert doc.tolist() == [int(s) in offsets for s in starts]
+    assert 0 < doc.sum() < m.num_blocks  # both kinds of block are in this dataset
+    # a token id too large for the field is not recorded (0), never wrapped
+    assert encode_lead(LEAD_DOC_START - 2, True) == (LEAD_DOC_START - 1) | LEAD_DOC_START
+    assert encode_lead(LEAD_DOC_START - 1, False) == 0
+
+
 def test_a_corrupt_block_fails_its_checksum(write_small: Callable[..., SmallDataset]) -> None:
     ds = write_small(num_docs=30, max_len=300, block_tokens=512)
     m = ds.manifest

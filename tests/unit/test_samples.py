@@ -4,6 +4,7 @@ uses, against the raw token stream."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,26 @@ def take_all(reader: SampleReader, ids: np.ndarray, batch: int) -> tuple[np.ndar
     return np.concatenate(toks), np.concatenate(masks)
 
 
+def read_epoch(
+    source: stoker.TokenSource, ds: SmallDataset, seq_len: int, unit: int, mean: int, batch: int
+) -> SampleReader:
+    """A spread epoch read through a (closed) reader made for it, checked against the
+    stream; the reader, for its counts."""
+    n = (source.manifest.num_tokens - 1) // seq_len
+    ids = spread_ids(n, unit, mean)
+    D = len(spread_profile(unit, mean))
+    reader = SampleReader(source, seq_len, True, (D + 1) * unit, ahead=unit, gap=2 * unit + 1)
+    try:
+        reader.plan(ids)
+        toks, masks = take_all(reader, ids, batch)
+    finally:
+        reader.close()
+    want_toks, want_masks = expected(ds, ids, seq_len)
+    np.testing.assert_array_equal(toks, want_toks)
+    np.testing.assert_array_equal(masks, want_masks)
+    return reader
+
+
 @pytest.fixture(scope="module")
 def small(write_small_module: Callable[..., SmallDataset]) -> SmallDataset:
     return write_small_module("samples", num_docs=300, max_len=200)  # blocks of 256 tokens
@@ -58,17 +79,7 @@ def test_every_sample_reads_as_the_stream_holds_it(
 ) -> None:
     source = stoker.TokenSource(small.url)
     n = (source.manifest.num_tokens - 1) // seq_len
-    ids = spread_ids(n, unit, mean)
-    D = len(spread_profile(unit, mean))
-    reader = SampleReader(source, seq_len, True, (D + 1) * unit, ahead=unit, gap=2 * unit + 1)
-    try:
-        reader.plan(ids)
-        toks, masks = take_all(reader, ids, 7)
-    finally:
-        reader.close()
-    want_toks, want_masks = expected(small, ids, seq_len)
-    np.testing.assert_array_equal(toks, want_toks)
-    np.testing.assert_array_equal(masks, want_masks)
+    reader = read_epoch(source, small, seq_len, unit, mean, 7)
     # each unit decodes each block it touches once, and the last of them only as far as
     # it needs: a unit of one block decodes that block, and a head of the next
     bt = source.manifest.block_tokens
@@ -118,6 +129,45 @@ def test_a_second_epoch_finds_every_blocks_first_tokens_kept(
         assert heads > 0
         tail = n * seq_len + 1 < source.manifest.num_tokens
         assert reader.heads - heads <= int(tail)
+
+
+def without_leads(ds: SmallDataset, dest: Path) -> str:
+    """A copy of ``ds`` as a writer before the index recorded first tokens left it."""
+    import shutil
+
+    import xxhash
+
+    from stoker.manifest import INDEX_DTYPE, Manifest
+
+    shutil.copytree(ds.url, dest)
+    m = ds.manifest
+    index = np.frombuffer((dest / m.index.path).read_bytes(), dtype=INDEX_DTYPE).copy()
+    index["lead"] = 0
+    data = index.tobytes()
+    (dest / m.index.path).write_bytes(data)
+    index_ref = replace(m.index, xxh64=f"{xxhash.xxh64(data).intdigest():016x}")
+    old = Manifest.from_json((dest / "manifest.json").read_bytes())
+    (dest / "manifest.json").write_text(replace(old, index=index_ref).sealed().to_json())
+    return str(dest)
+
+
+def test_first_tokens_in_the_index_spare_the_first_epochs_heads(
+    small: SmallDataset, tmp_path: Path
+) -> None:
+    """Units of a block's samples: each unit's last sample ends one token into the next
+    block. With that token in the block index no head is decoded; a dataset without it
+    (an older writer's) decodes those heads and reads the same."""
+    seq_len = 16
+    counts = {}
+    for name, url in (("new", small.url), ("old", without_leads(small, tmp_path / "old"))):
+        reader = read_epoch(stoker.TokenSource(url), small, seq_len, 16, 3, 8)
+        counts[name] = (reader.heads, reader.leads)
+    m = small.manifest
+    tail = (
+        m.num_tokens - 1
+    ) // seq_len * seq_len + 1 < m.num_tokens  # the last block: no sample ends it
+    assert counts["new"][0] <= int(tail) < counts["old"][0]
+    assert counts["new"][1] > 0
 
 
 def test_a_plan_in_pieces_and_a_changed_plan_read_what_is_asked(small: SmallDataset) -> None:

@@ -33,6 +33,7 @@ from stoker.manifest import (
     FileRef,
     Manifest,
     TokenizerInfo,
+    encode_lead,
 )
 from stoker.storage import Storage
 
@@ -133,8 +134,8 @@ class TokenWriter:
         self._codec: BlockCodec | None = None
         self._dictionary: bytes | None = None
         self._pool = ThreadPoolExecutor(opts.threads, thread_name_prefix="stoker-write")
-        self._inflight: deque[Future[tuple[bytes, bytes, int]]] = deque()
-        self._index: list[tuple[int, int, int, int, int]] = []
+        self._inflight: deque[Future[tuple[bytes, bytes, int, int]]] = deque()
+        self._index: list[tuple[int, int, int, int, int, int]] = []
         self._files: list[FileRef] = []
         self._file: Any = None
         self._file_pos = 0
@@ -201,10 +202,11 @@ class TokenWriter:
         while len(self._inflight) > 2 * self.opts.threads:
             self._write(self._inflight.popleft().result())
 
-    def _encode(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[bytes, bytes, int]:
+    def _encode(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[bytes, bytes, int, int]:
         assert self._codec is not None
         tok, bounds = self._codec.encode(tokens, starts)
-        return tok, bounds, len(starts)
+        lead = encode_lead(int(tokens[0]), bool(len(starts)) and int(starts[0]) == 0)
+        return tok, bounds, len(starts), lead
 
     def _start_codec(self) -> None:
         o = self.opts
@@ -226,11 +228,13 @@ class TokenWriter:
         for tokens, starts in held:
             self._submit(tokens, starts)
 
-    def _write(self, frames: tuple[bytes, bytes, int]) -> None:
-        tok, bounds, n_starts = frames
+    def _write(self, frames: tuple[bytes, bytes, int, int]) -> None:
+        tok, bounds, n_starts, lead = frames
         if self._file is None or len(self._index) % self.blocks_per_file == 0:
             self._roll_file()
-        self._index.append((self._file_pos, len(tok), len(bounds), checksum(tok, bounds), n_starts))
+        self._index.append(
+            (self._file_pos, len(tok), len(bounds), checksum(tok, bounds), n_starts, lead)
+        )
         self._file.write(tok)
         self._file.write(bounds)
         self._file_pos += len(tok) + len(bounds)
@@ -277,8 +281,8 @@ class TokenWriter:
     def _commit(self) -> Manifest:
         st = self.storage
         index = np.zeros(len(self._index), dtype=INDEX_DTYPE)
-        for i, (off, tb, bb, xx, ns) in enumerate(self._index):
-            index[i] = (off, tb, bb, xx, ns, 0)
+        for i, entry in enumerate(self._index):
+            index[i] = entry
         index_bytes = index.tobytes()
         index_path = f"index-{self.id}.bin"
         self._written_paths.append(index_path)

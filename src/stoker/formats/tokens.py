@@ -16,7 +16,7 @@ import zstandard
 from stoker.errors import ChecksumError, ManifestError
 from stoker.formats.cache import BlockCache, NullCache
 from stoker.formats.codec import BlockCodec, checksum
-from stoker.manifest import MANIFEST_NAME, Manifest, parse_index
+from stoker.manifest import MANIFEST_NAME, Manifest, decode_leads, encode_lead, parse_index
 from stoker.storage import RetryPolicy, Storage
 
 
@@ -176,7 +176,32 @@ class TokenSource:
                 f"[0, {m.vocab_size}): the manifest's dtype, vocab_size or compression settings "
                 "do not match the data"
             )
+        lead = int(entry["lead"])
+        if lead and n_check:
+            first, doc = int(tokens[0]), bool(len(starts)) and int(starts[0]) == 0
+            if lead != encode_lead(first, doc):
+                raise ManifestError(
+                    f"{where} begins with token {first} (a document start: {doc}); its index "
+                    f"entry records {lead:#x}: the index does not belong to this data"
+                )
         return tokens, starts
+
+    def leads(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every block's first token and whether a document starts there, as its index
+        entry records them, and whether it does (:func:`stoker.manifest.decode_leads`):
+        what a sample that ends one token into a block needs of it. A recorded token
+        outside the vocabulary is a :class:`ManifestError` naming the block."""
+        first, doc, recorded = decode_leads(self.index)
+        bad = recorded & (first >= self.manifest.vocab_size)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            m = self.manifest
+            raise ManifestError(
+                f"{self.storage.url_of(m.index.path)}: the entry of block {b} records a first "
+                f"token {int(first[b])}, outside the manifest's vocabulary [0, {m.vocab_size})"
+                f" ({m.block_file(b).path})"
+            )
+        return first, doc, recorded
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` (a convenience; readers use blocks directly)."""

@@ -133,12 +133,17 @@ class SampleReader:
         # and finds them here instead of reading and decoding the block again
         lead = 1 if self.bt % seq_len == 0 else seq_len + 1 - math.gcd(self.bt, seq_len)
         self._lead = min(lead, self.bt)
-        per_block = self._lead * (self._dtype.itemsize + 1) + 1
+        per_block = self._lead * (self._dtype.itemsize + 1) + 4
         keep_leads = m.num_blocks * per_block <= _LEADS
         blocks = m.num_blocks if keep_leads else 0
         self._lead_tok = np.zeros((blocks, self._lead), dtype=self._dtype)
         self._lead_flag = np.zeros((blocks, self._lead), dtype=bool)
-        self._lead_have = np.zeros(blocks, dtype=bool)
+        self._lead_len = np.zeros(blocks, dtype=np.int32)  # how many are kept
+        if blocks:  # the first token of each, where the block index records it
+            first, doc, recorded = source.leads()
+            self._lead_tok[recorded, 0] = first[recorded]
+            self._lead_flag[recorded, 0] = doc[recorded]
+            self._lead_len[recorded] = 1
         self.decoded = 0  # blocks decoded (or mapped from the agent), for tests and metrics
         self.heads = 0  # of them, decoded only as far as samples that end in them need
         self.leads = 0  # jobs filled from a block's first tokens kept from an earlier decode
@@ -357,7 +362,7 @@ class SampleReader:
         # when its samples end early in it: those that begin in the block before)
         length = self.source.manifest.block_len(block)
         prefix = min(int((a + self.width).max()), length)
-        if prefix <= self._lead and len(self._lead_have) and self._lead_have[block]:
+        if len(self._lead_len) and prefix <= self._lead_len[block]:
             flags = self._lead_flag[block, :prefix] if self.doc_starts else None
             self._copy(a, rows, self._lead_tok[block, :prefix], flags)
             return _LEAD
@@ -397,12 +402,11 @@ class SampleReader:
 
     def _keep_lead(self, block: int, toks: np.ndarray, flags: np.ndarray) -> None:
         """Keep the first tokens of ``block`` (decoded from its start) for later heads."""
-        if len(self._lead_have) and not self._lead_have[block]:
-            e = min(self._lead, len(toks))
+        e = min(self._lead, len(toks))
+        if len(self._lead_len) and self._lead_len[block] < e:
             self._lead_tok[block, :e] = toks[:e]
             self._lead_flag[block, :e] = flags[:e]
-            if e == min(self._lead, self.source.manifest.block_len(block)):
-                self._lead_have[block] = True  # (after its tokens: a reader sees them whole)
+            self._lead_len[block] = e  # (after its tokens: a reader sees them whole)
 
     def _copy(
         self, a: np.ndarray, rows: np.ndarray, toks: np.ndarray, flags: np.ndarray | None
