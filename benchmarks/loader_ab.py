@@ -1,6 +1,6 @@
 """Loader throughput A/B: a git revision of stoker (OLD) against the working tree (NEW).
 
-    .venv/bin/python benchmarks/loader_ab.py [--base REV] [--rounds R] [--quick]
+    .venv/bin/python benchmarks/loader_ab.py [--base REV] [--rounds R] [--steady] [--quick]
 
 Two source trees are measured side by side in one run: OLD, a clone of this
 repository checked out at ``--base`` (default ``3a70ba9``, the commit before the
@@ -21,7 +21,9 @@ Configurations, each over ``TokenDataset(url, 2048, batch_size=8, seed=0)``
 
 Measured per process: tokens/s over a timed window of batches after a warm-up
 (A, B, D: 5800 after 200; C: 5900 after 100: nearly one whole epoch of the
-100M-token dataset; ``--quick``: 40 after 5); the time to the first batch (from
+100M-token dataset; ``--steady``: two epochs after a whole epoch, the rate past
+the readers' read-ahead at an epoch's start; ``--quick``: 40 after 5); the time to
+the first batch (from
 constructing the dataset to holding the first batch, imports excluded); CPU
 seconds of the process and its workers from constructing the dataset until the
 loader is closed (user + system, workers reaped); peak RSS (``VmHWM``) of
@@ -135,7 +137,14 @@ def child(
         loader = stoker.TokenLoader(ds, num_workers=0, device="cpu")
     else:
         raise SystemExit(f"unknown configuration {cfg!r}")
-    it = iter(loader)
+    epoch = [0]  # epochs begun after the first: ids are told apart by it
+
+    def epochs(of: Any) -> Any:  # one epoch after another (--steady times more than one)
+        while True:
+            yield from of
+            epoch[0] += 1
+
+    it = epochs(loader)
     b = next(it)
     first_s = time.perf_counter() - t0
     first_ids = b["sample_id"].tolist()
@@ -148,7 +157,7 @@ def child(
     for _ in range(timed):
         b = next(it)
         ntok += b["tokens"].numel()
-        ids.append(b["sample_id"].numpy().copy())
+        ids.append(b["sample_id"].numpy() + (epoch[0] << 40))
     te = time.perf_counter()
     c1 = time.process_time()
     batch = [str(b["tokens"].device), str(b["tokens"].dtype), list(b["tokens"].shape)]
@@ -475,6 +484,12 @@ def main() -> int:
         help="the NEW tree's ShuffleConfig(order=...) (default: its own default); with "
         "another order than OLD's, each side's id sequences are checked on their own",
     )
+    ap.add_argument(
+        "--steady",
+        action="store_true",
+        help="warm up one whole epoch, then time two (the steady rate, past the readers' "
+        "read-ahead at an epoch's start)",
+    )
     ap.add_argument("--order", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     for a in ("--url", "--tree", "--out"):
@@ -507,8 +522,11 @@ def main() -> int:
             print(f"{side}: {t['what']} in {t['tree']} (src digest {t['src_digest']})", flush=True)
         url, info = dataset(args.quick, tmp)
         print(f"dataset {url}: {info}", flush=True)
+        if args.steady:
+            per = info["full_batches"] + (info["samples"] % BATCH > 0)  # a short last batch
+            windows = {cfg: (per, 2 * per) for cfg in windows}
         for cfg, (warm, timed) in windows.items():
-            if warm + timed > info["full_batches"]:
+            if warm + timed > info["full_batches"] and not args.steady:
                 raise SystemExit(
                     f"{cfg}: {warm} + {timed} batches, but an epoch has {info['full_batches']}"
                 )
@@ -520,6 +538,7 @@ def main() -> int:
             "windows": windows,
             "base": args.base,
             "new_order": args.new_order or "default",
+            "steady": args.steady,
         }
         runs_dir = tmp / "runs"
         runs_dir.mkdir()

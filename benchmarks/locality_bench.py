@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/locality_bench.py [--quick]
 
+It measures the window order (`ShuffleConfig(order="window")`), whose windows
+are whole shards: a node that holds a window's shards holds all it reads. The
+spread order's windows draw on the units of the turns before them as well, so a
+node's cache covers less of them (not measured here).
+
 Three nodes are simulated on this machine: three cache directories, each with
 its own `stoker agent` (disk and memory tiers big enough to hold the whole
 dataset), and one rank process per node (world 3). The dataset is served by
@@ -65,9 +70,9 @@ from stoker.cache.client import AgentClient
 from stoker.coordinator.holdings import local_ranges
 cfg = json.loads(sys.argv[1])
 agent = AgentClient(cfg["cache"], autostart=False)
+shuffle = stoker.ShuffleConfig(0, True, cfg["shard"], cfg["window_shards"], order="window")
 ds = stoker.TokenDataset(cfg["url"], cfg["seq_len"], batch_size=cfg["batch"], rank=cfg["rank"],
-                         world_size=cfg["world"], seed=0, agent=agent, shard_size=cfg["shard"],
-                         window_shards=cfg["window_shards"])
+                         world_size=cfg["world"], shuffle=shuffle, agent=agent)
 loader = stoker.TokenLoader(ds, 0, coordinator=stoker.CoordinatorClient(cfg["coordinator"]))
 m = ds.source.manifest
 stream = plan.Stream(ds.num_samples, ds.shuffle_config)
@@ -373,7 +378,7 @@ def partition_local(num_samples: int, block_tokens: int) -> float:
     from stoker import plan
     from stoker.coordinator.holdings import local_ranges
 
-    cfg = plan.ShuffleConfig(0, True, SHARD, 1).resolve(SEQ_LEN)
+    cfg = plan.ShuffleConfig(0, True, SHARD, 1, order="window").resolve(SEQ_LEN)
     ns = num_samples // SHARD
     mine = np.random.default_rng(0).permutation(ns)[: ns // NODES]
     held = np.unique(np.concatenate([

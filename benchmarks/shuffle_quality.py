@@ -128,7 +128,7 @@ def fmt_bytes(tokens: int) -> str:
 
 def stoker_run(n: int, seed: int, shard: int, ws: int, block_tokens: int) -> dict[str, Any]:
     """stoker's order, and the decoded blocks its windows need (max and total over the epoch)."""
-    cfg = ShuffleConfig(seed=seed, shard_size=shard, window_shards=ws)
+    cfg = ShuffleConfig(seed=seed, shard_size=shard, window_shards=ws, order="window")
     eo = EpochOrder(n, cfg, 0)
     order = eo.samples(np.arange(n, dtype=np.int64))
     starts = eo.window_start(np.arange(eo.num_windows + 1))
@@ -254,11 +254,11 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "How well one epoch is mixed, at the same memory, by stoker and by its peers' own",
         'shuffles. stoker has two orders (`stoker.plan`). `order="spread"`',
-        "(`SpreadOrder`): units of `shard_size` samples (one stored block's worth by default)",
+        "(`SpreadOrder`, the default): units of `shard_size` samples (one stored block's worth by default)",
         "arrive one per turn in a permuted order, and each unit's samples, permuted, are dealt",
         "out over its turn and the following ones by a geometric profile of mean `spread`",
         'turns; a turn emits what it was dealt, permuted. `order="window"` (`EpochOrder`,',
-        "the default): virtual shards of `shard_size` consecutive samples are",
+        "the default before there were two): virtual shards of `shard_size` consecutive samples are",
         "permuted, `window_shards` consecutive permuted shards form a shuffle window, and the",
         "samples of each window are permuted.",
         "",
@@ -435,7 +435,7 @@ def findings(rows: list[dict[str, Any]], budgets: list[int]) -> list[str]:
         out.append(
             f"* **Defaults**: the spread order's, {default['resident']:,} samples held "
             f"({fmt_bytes(default['resident'] * SEQ_LEN)} of tokens), mixing@256 "
-            f"{default['mix256']:.3f}; the window order's (stoker's default), one window of "
+            f"{default['mix256']:.3f}; the window order's (the default before), one window of "
             f"{before['resident']:,} samples of decoded blocks (a reader holds two), "
             f"{before['mix256']:.3f}: as well mixed with "
             f"{before['resident'] / default['resident']:.1f}x less memory counted by window "
@@ -564,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
                 run = stoker_run(n, seed, ss, b // ss, bt)
                 rows.append(stoker_row(ss, b // ss, bt, run, b, "nominal"))
             print(f"stoker shard {ss} block {bt} budget {b}: window_shards={ws}", flush=True)
-    window = ShuffleConfig().resolve(SEQ_LEN, BLOCK_TOKENS)
+    window = ShuffleConfig(order="window").resolve(SEQ_LEN, BLOCK_TOKENS)
     assert window.shard_size is not None and window.order == "window"
     run = stoker_run(n, seed, window.shard_size, window.window_shards, BLOCK_TOKENS)
     rows.append(

@@ -59,12 +59,14 @@ ORDERS = ("window", "spread")
 class ShuffleConfig:
     """How an epoch is shuffled.
 
-    ``order="window"`` (the default): shards of ``shard_size`` samples are permuted, ``window_shards``
-    consecutive permuted shards form a window, and a window's samples are permuted
-    (:class:`EpochOrder`); a reader holds about two windows of decoded data.
-    ``order="spread"``: units of ``shard_size`` samples arrive in a permuted order and
-    each unit's samples are spread over the next units' turns, ``spread`` turns later on
-    average (:class:`SpreadOrder`); a reader holds about ``spread + 1`` units of samples.
+    ``order="spread"`` (the default): units of ``shard_size`` samples arrive in a
+    permuted order and each unit's samples are spread over the next units' turns,
+    ``spread`` turns later on average (:class:`SpreadOrder`); a reader holds about
+    ``spread + 1`` units of samples. ``order="window"`` (the default before stoker had
+    a second order; its states resume only with it): shards of ``shard_size`` samples
+    are permuted, ``window_shards`` consecutive permuted shards form a window, and a
+    window's samples are permuted (:class:`EpochOrder`); a reader holds about two
+    windows of decoded data.
     ``shard_size=None`` picks about 1 Mi tokens per shard for ``"window"`` and one
     stored block's worth for ``"spread"``.
     """
@@ -73,7 +75,7 @@ class ShuffleConfig:
     shuffle: bool = True
     shard_size: int | None = None
     window_shards: int = 16
-    order: str = "window"
+    order: str = "spread"
     spread: int = 4
 
     def resolve(self, seq_len: int, block_tokens: int | None = None) -> ShuffleConfig:

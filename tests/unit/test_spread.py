@@ -224,7 +224,7 @@ def test_config_resolves_a_unit_of_one_block_and_checks_its_fields() -> None:
     assert ShuffleConfig(order="spread").resolve(2048, 524288).shard_size == 256
     assert ShuffleConfig(order="spread").resolve(1000, 524288).shard_size == 524
     assert ShuffleConfig(order="spread").resolve(2048).shard_size == 256  # default blocks
-    assert ShuffleConfig().resolve(2048, 524288).shard_size == 512  # the default order's
+    assert ShuffleConfig().resolve(2048, 524288).shard_size == 256  # the default order
     assert ShuffleConfig(order="window").resolve(2048, 524288).shard_size == 512
     with pytest.raises(ConfigError, match="order"):
         ShuffleConfig(order="random").resolve(8)

@@ -48,14 +48,15 @@ class TokenDataset(PlannedDataset):
 
     ``shuffle`` is True, False or a :class:`~stoker.ShuffleConfig` (seed, order, unit
     or shard size, spread or shuffle window), which then replaces ``seed``,
-    ``shard_size`` and ``window_shards``. The default order, ``"window"``, shuffles
-    windows of ``window_shards`` shards; its reader holds two windows of decoded blocks
-    (about 150 MiB by default). ``ShuffleConfig(order="spread")`` deals each stored
-    block's samples out over the next few blocks' turns; its reader holds only the
-    samples decoded and not yet taken (about ``spread + 1`` blocks' worth: some 6 MiB
-    at ``seq_len`` 2048 with 1 MiB blocks), mixing as well, but reads more slowly for
-    now (docs/benchmarks.md). ``arena_blocks`` reads through a decoded-block arena of
-    that many blocks whatever the order (the window order's reader).
+    ``shard_size`` and ``window_shards``. The default order, ``"spread"``, deals each
+    stored block's samples out over the next few blocks' turns; its reader holds only
+    the samples decoded and not yet taken (about ``spread + 1`` blocks' worth: some
+    9 MiB at ``seq_len`` 2048 with 1 MiB blocks). ``ShuffleConfig(order="window")``
+    (the default before there were two; a state saved then resumes only with it)
+    shuffles windows of ``window_shards`` shards; its reader holds two windows of
+    decoded blocks (about 150 MiB by default). ``arena_blocks`` reads through a
+    decoded-block arena of that many blocks whatever the order (the window order's
+    reader).
 
     Caching: ``cache=stoker.AgentConfig(directory, cache_limit=..., ...)`` reads
     blocks through the node agent that owns that directory, started with those
