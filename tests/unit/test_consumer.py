@@ -111,3 +111,36 @@ def test_produce_fills_what_take_gives_and_closes_the_reader() -> None:
     for m in made:
         assert (m.arrays["x"][:, 0] == m.arrays["sample_id"]).all()
     assert reader.closed
+
+
+class Leases:
+    """A source of two leases of 40 positions, the second granted only after 20 positions of
+    the first were handed out (as a coordinator's consumer asks ahead half way)."""
+
+    epoch = consumer = first_step = reregistered = 0
+
+    def __init__(self) -> None:
+        self.handed = 0
+
+    def batches(self, size: int) -> Iterator[tuple[np.ndarray, Segments]]:
+        for a in range(0, 80, size):
+            self.handed = a + size
+            yield np.arange(a, a + size, dtype=np.int64), []
+
+    def upcoming(self, limit: int) -> np.ndarray:
+        known = 80 if self.handed > 20 else 40
+        return np.arange(self.handed, known, dtype=np.int64)[:limit]
+
+
+def test_a_lease_granted_ahead_is_planned_before_it_is_reached() -> None:
+    """The source said all it knew at the first lease's end; once it knows the next lease
+    the reader is planned into it well before the first lease is read out."""
+    source = Leases()
+    reader = Recorder()
+    planner = Planner(source, identity, reader, horizon=24)  # the first plan is short
+    first_at = None
+    for pos, _ in source.batches(4):
+        planner(pos)
+        if first_at is None and any(60 in p for p in reader.plans):
+            first_at = int(pos[0])
+    assert first_at is not None and first_at < 40  # planned while still in the first lease

@@ -110,3 +110,30 @@ def test_the_coordinator_claims_the_windows_the_plan_has() -> None:
             locality.claim(claimed, geometry, 2 * S + x, 2 * S + x + 1)
             w = int(np.searchsorted(starts, x, side="right")) - 1
             assert claimed == [(2 * S + int(starts[w]), 2 * S + int(starts[w + 1]))]
+
+
+def test_a_spread_jobs_leases_span_four_times_a_units_reach() -> None:
+    """A fresh lease of a spread-order job is at least four times the turns a unit's
+    samples are dealt over (a block's samples then lie in one lease, or in the next one
+    its reader already knows); a window-order job keeps the configured size."""
+    import json
+
+    from stoker.coordinator import locality
+    from stoker.coordinator.leases import LeaseTable
+    from stoker.coordinator.model import Config
+
+    S, unit = 200_000, 256
+    turns = len(plan.spread_profile(unit, 4))
+    spread = json.dumps(
+        {"num_samples": S, "shard_size": unit, "window_shards": 16, "order": "spread", "spread": 4}
+    )
+    window = json.dumps({"num_samples": S, "shard_size": unit, "window_shards": 16})
+    assert locality.lease_size(window, 4096) == 4096
+    assert locality.lease_size(spread, 4096) == 4 * (turns + 1) * unit > 4096
+    assert locality.lease_size(spread, 10**6) == 10**6  # a larger setting stands
+    assert locality.lease_size("not json", 4096) == 4096
+    for stream, size in ((spread, 4 * (turns + 1) * unit), (window, 4096)):
+        table = LeaseTable(0, [(0, S)], 1, Config(lease_size=4096))
+        c = table.register(0, 0, 0.0, stream=stream)
+        grant = table.request(c, 0.0)
+        assert grant is not None and grant.end - grant.start == size

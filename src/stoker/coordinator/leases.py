@@ -87,6 +87,7 @@ class LeaseTable:
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
         self._windows = locality.windows(stream)  # (samples per data epoch, per window, shift)
+        self.lease_size = locality.lease_size(stream, self.config.lease_size)
         self.origin = origin  # the checkpoint this table was restored from
         self.first_step = 0  # batches every rank had handed out before this table began
         self._next_consumer, self._next_lease = first_ids
@@ -167,6 +168,7 @@ class LeaseTable:
         if stream and not self.stream:
             self.stream = args["stream"] = stream
             self._windows = locality.windows(stream)
+            self.lease_size = locality.lease_size(stream, self.config.lease_size)
         if node:
             args["node"] = node
         self._record("register", now, **args)
@@ -234,7 +236,7 @@ class LeaseTable:
                 # tail stays in the queue, or with readers that can be stolen from
                 live = sum(1 for x in self.consumers.values() if x.alive)
                 queued = sum(b - a for a, b in self.queue)
-                plenty = room > 0 and queued >= live * self.config.lease_size
+                plenty = room > 0 and queued >= live * self.lease_size
                 grant = (self._from_queue(c, room) if plenty else None) or WAIT
             elif room > 0:
                 grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
@@ -282,7 +284,7 @@ class LeaseTable:
             return None
         i, start, limit = self._pick(c)
         qa, qb = self.queue[i]
-        end = min(limit, start + self.config.lease_size, start + room)
+        end = min(limit, start + self.lease_size, start + room)
         rest = [r for r in ((qa, start), (end, qb)) if r[1] > r[0]]
         self.queue[i : i + 1] = rest
         self._claim(c, start, end)

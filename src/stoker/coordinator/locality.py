@@ -37,6 +37,25 @@ def windows(stream: str) -> tuple[int, int, int] | None:
     return (S, W, shift) if S > 0 and W > 0 else None
 
 
+def lease_size(stream: str, configured: int) -> int:
+    """Positions per fresh lease for consumers of ``stream``: ``configured``, and for the
+    spread order at least four times the turns over which a unit's samples are dealt
+    (plus one), in positions. A block's samples are read by one job only while they lie
+    in what its reader knows (its lease, and the next one once it asks ahead half way):
+    with leases shorter than that reach, nearly every block is decoded once per lease
+    it falls in (measured: 0.54x the static plan's rate at 4,096-position leases)."""
+    if not stream:
+        return configured
+    try:
+        s = json.loads(stream)
+        if s.get("order", "window") != "spread":
+            return configured
+        turns = len(spread_profile(int(s["shard_size"]), int(s["spread"])))
+        return max(configured, 4 * (turns + 1) * int(s["shard_size"]))
+    except (ValueError, KeyError, TypeError):
+        return configured
+
+
 def pick(
     queue: list[tuple[int, int]],
     node: str,

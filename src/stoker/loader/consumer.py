@@ -78,6 +78,9 @@ class Planner:
         self.pos = self.ids = _EMPTY
         self.i = 0
         self._known_all = False  # the source told all it knows beyond what is planned
+        # ... but a coordinator's source learns more (a lease granted ahead): asked again
+        # every ``horizon // 8`` positions taken while the plan is short
+        self._idle = 0
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         n = len(positions)
@@ -93,8 +96,14 @@ class Planner:
             self.i = 0
             self._known_all = len(ahead) < 2 * self.horizon
             self.reader.plan(self.ids)
-        elif not self._known_all and len(self.pos) - self.i - n < self.horizon:
-            self._extend(n)
+        elif len(self.pos) - self.i - n < self.horizon:
+            if not self._known_all:
+                self._extend(n)
+            else:
+                self._idle += n
+                if self._idle >= self.horizon // 8:
+                    self._idle = 0
+                    self._extend(n)
         self.i += n
         return self.ids[self.i - n : self.i]
 
