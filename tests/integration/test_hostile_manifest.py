@@ -240,18 +240,51 @@ def test_a_first_token_that_is_not_the_blocks_is_refused(dataset: Written) -> No
         src.decode(2, src.record(2), 5)  # a head of it too
 
 
-def test_a_first_token_outside_the_vocabulary_is_refused_before_it_is_read(
-    dataset: Written,
+@pytest.mark.parametrize(
+    "lead",
+    ["outside", "bit 31 alone", "start without starts"],
+)
+def test_a_first_token_that_cannot_be_is_refused_where_it_is_read(
+    dataset: Written, lead: str
 ) -> None:
+    from stoker.manifest import LEAD_DOC_START, encode_lead
+
+    index = np.frombuffer((dataset.path / dataset.manifest.index.path).read_bytes(), INDEX_DTYPE)
+    block = 3
+    if lead == "start without starts":
+        empty = np.flatnonzero(index["doc_starts"] == 0)
+        if not len(empty):
+            pytest.skip("every block of this dataset holds a document start")
+        block = int(empty[0])
+    value = {
+        "outside": encode_lead(dataset.manifest.vocab_size + 7, False),
+        "bit 31 alone": LEAD_DOC_START,
+        "start without starts": encode_lead(1, True),
+    }[lead]
+    _forge_lead(dataset, block, value)
+    src = TokenSource(str(dataset.path))
+    with pytest.raises(stoker.ManifestError, match="cannot be") as info:
+        src.leads()
+    assert f"block {block}" in str(info.value)
+    assert dataset.manifest.block_file(block).path in str(info.value)
+
+
+def test_first_tokens_of_an_unchecked_index_are_not_taken_on_trust(dataset: Written) -> None:
+    """Without the index's checksum in the manifest a reader does not fill samples from
+    its recorded first tokens (a forged one would reach training before a decode of its
+    block could refuse it): it reads the blocks, whose decode refuses the forgery."""
     from stoker.loader.samples import SampleReader
     from stoker.manifest import encode_lead
 
-    _forge_lead(dataset, 3, encode_lead(dataset.manifest.vocab_size + 7, False))
     src = TokenSource(str(dataset.path))
-    with pytest.raises(stoker.ManifestError, match="outside the manifest's vocabulary") as info:
-        SampleReader(src, SEQ_LEN, True, 64)
-    assert "block 3" in str(info.value)
-    assert dataset.manifest.block_file(3).path in str(info.value)
+    toks, _ = src.block(2)
+    _forge_lead(dataset, 2, encode_lead((int(toks[0]) + 1) % dataset.manifest.vocab_size, False))
+    src = TokenSource(str(dataset.path))
+    reader = SampleReader(src, SEQ_LEN, True, 64)
+    try:
+        assert reader.leads == 0 and not reader._lead_len.any()
+    finally:
+        reader.close()
 
 
 def test_manifest_json_roundtrip_keeps_the_checksum(dataset: Written) -> None:

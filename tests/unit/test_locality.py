@@ -137,3 +137,50 @@ def test_a_spread_jobs_leases_span_four_times_a_units_reach() -> None:
         c = table.register(0, 0, 0.0, stream=stream)
         grant = table.request(c, 0.0)
         assert grant is not None and grant.end - grant.start == size
+
+
+def _spread_stream(S: int, unit: int = 256) -> str:
+    import json
+
+    return json.dumps(
+        {"num_samples": S, "shard_size": unit, "window_shards": 16, "order": "spread", "spread": 4}
+    )
+
+
+def test_the_journal_keeps_the_lease_size_the_table_granted() -> None:
+    """A replay grants what the live table granted; a journal written before leases were
+    sized by the stream (no size in it) replays with the configured size, as it ran."""
+    from stoker.coordinator.leases import LeaseTable
+    from stoker.coordinator.model import Config, Event
+
+    S = 200_000
+    live = LeaseTable(0, [(0, S)], 1, Config(lease_size=4096))
+    c = live.register(0, 0, 0.0, stream=_spread_stream(S))
+    first = live.request(c, 0.0)
+    assert first is not None and first.end - first.start > 4096
+    assert LeaseTable.replay(live.events).state() == live.state()
+    # the same calls as an older coordinator journaled them
+    old = [
+        Event(e.kind, e.now, {k: v for k, v in e.args.items() if k != "lease_size"})
+        for e in live.events
+    ]
+    replayed = LeaseTable.replay(old)
+    (lease,) = replayed.leases.values()
+    assert lease.end - lease.start == 4096
+
+
+def test_a_ranks_consumers_share_its_room_in_long_leases() -> None:
+    from stoker.coordinator.leases import LeaseTable
+    from stoker.coordinator.model import Config
+
+    S = 60_000  # less than four long leases
+    table = LeaseTable(0, [(0, S)], 1, Config(lease_size=1024))
+    stream = _spread_stream(S)
+    ids = [table.register(0, w, 0.0, stream=stream) for w in range(4)]
+    sizes = []
+    for c in ids:
+        g = table.request(c, 0.0)
+        assert g is not None
+        sizes.append(g.end - g.start)
+    assert table.steals == 0  # every consumer got a fresh lease, none was split
+    assert all(1024 <= n <= S // 4 for n in sizes), sizes

@@ -111,7 +111,11 @@ class LeaseTable:
             "expire": self.expire,
             "revive": self.revive,
         }[event.kind]
-        return fn(now=event.now, **event.args)
+        args = event.args
+        if event.kind == "register" and "stream" in args and "lease_size" not in args:
+            # written before leases were sized by the stream: they had the configured size
+            args = {**args, "lease_size": self.config.lease_size}
+        return fn(now=event.now, **args)
 
     def _record(self, kind: str, now: float, **args: Any) -> None:
         self.events.append(Event(kind, now, args))
@@ -127,6 +131,7 @@ class LeaseTable:
             "first_ids": [self._next_consumer, self._next_lease],
             "config": asdict(self.config),
             "first_step": self.first_step,
+            "lease_size": self.lease_size,
         }
 
     # -- consumers -------------------------------------------------------------------
@@ -138,6 +143,7 @@ class LeaseTable:
         stream: str = "",
         node: str = "",
         consumer: int | None = None,
+        lease_size: int | None = None,
     ) -> int:
         """A new consumer of ``rank``; returns its id (never reused).
 
@@ -168,7 +174,10 @@ class LeaseTable:
         if stream and not self.stream:
             self.stream = args["stream"] = stream
             self._windows = locality.windows(stream)
-            self.lease_size = locality.lease_size(stream, self.config.lease_size)
+            # (journaled: a replay grants what the live table granted, whatever the rule)
+            if lease_size is None:
+                lease_size = locality.lease_size(stream, self.config.lease_size)
+            self.lease_size = args["lease_size"] = int(lease_size)
         if node:
             args["node"] = node
         self._record("register", now, **args)
@@ -236,7 +245,7 @@ class LeaseTable:
                 # tail stays in the queue, or with readers that can be stolen from
                 live = sum(1 for x in self.consumers.values() if x.alive)
                 queued = sum(b - a for a, b in self.queue)
-                plenty = room > 0 and queued >= live * self.lease_size
+                plenty = room > 0 and queued >= live * self.config.lease_size
                 grant = (self._from_queue(c, room) if plenty else None) or WAIT
             elif room > 0:
                 grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
@@ -279,12 +288,21 @@ class LeaseTable:
         if self.config.locality and c.node and self._windows:
             locality.claim(self.claimed.setdefault(c.node, []), self._windows, start, end)
 
+    def _size(self, c: Consumer, room: int) -> int:
+        """A fresh lease's size: the table's, but a lease longer than the configured one
+        (a spread job's) gets at most the rank's room shared by its live consumers, so
+        that they share the quota instead of stealing from the first."""
+        if self.lease_size <= self.config.lease_size:
+            return self.lease_size
+        mates = sum(1 for x in self.consumers.values() if x.alive and x.rank == c.rank)
+        return min(self.lease_size, max(self.config.lease_size, room // max(1, mates)))
+
     def _from_queue(self, c: Consumer, room: int) -> Grant | None:
         if not self.queue:
             return None
         i, start, limit = self._pick(c)
         qa, qb = self.queue[i]
-        end = min(limit, start + self.lease_size, start + room)
+        end = min(limit, start + self._size(c, room), start + room)
         rest = [r for r in ((qa, start), (end, qb)) if r[1] > r[0]]
         self.queue[i : i + 1] = rest
         self._claim(c, start, end)
@@ -608,6 +626,10 @@ class LeaseTable:
             origin=str(b.get("origin", "")),
             first_ids=tuple(b.get("first_ids", (1, 1))),
         )
+        # the size the live table granted (a journal written before leases were sized by
+        # the stream records none: they had the configured size)
+        table.lease_size = int(b.get("lease_size", table.config.lease_size))
+        table.events[0] = Event("begin", 0.0, table._begin_args())
         for ev in events[1:]:
             table.apply(ev)
         return table

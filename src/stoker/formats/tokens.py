@@ -192,14 +192,20 @@ class TokenSource:
         what a sample that ends one token into a block needs of it. A recorded token
         outside the vocabulary is a :class:`ManifestError` naming the block."""
         first, doc, recorded = decode_leads(self.index)
-        bad = recorded & (first >= self.manifest.vocab_size)
+        # (a document start where the entry counts none, or bit 31 alone: never written)
+        bad = recorded & (
+            (first < 0)
+            | (first >= self.manifest.vocab_size)
+            | (doc & (self.index["doc_starts"] == 0))
+        )
         if bad.any():
             b = int(np.flatnonzero(bad)[0])
             m = self.manifest
             raise ManifestError(
                 f"{self.storage.url_of(m.index.path)}: the entry of block {b} records a first "
-                f"token {int(first[b])}, outside the manifest's vocabulary [0, {m.vocab_size})"
-                f" ({m.block_file(b).path})"
+                f"token {int(first[b])} (a document start: {bool(doc[b])}) that cannot be: "
+                f"outside the manifest's vocabulary [0, {m.vocab_size}), or a start in a block "
+                f"of {int(self.index[b]['doc_starts'])} document starts ({m.block_file(b).path})"
             )
         return first, doc, recorded
 

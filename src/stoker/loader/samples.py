@@ -139,7 +139,10 @@ class SampleReader:
         self._lead_tok = np.zeros((blocks, self._lead), dtype=self._dtype)
         self._lead_flag = np.zeros((blocks, self._lead), dtype=bool)
         self._lead_len = np.zeros(blocks, dtype=np.int32)  # how many are kept
-        if blocks:  # the first token of each, where the block index records it
+        # the first token of each, where the block index records it and the manifest
+        # checks the index (else a forged entry would reach training before any decode
+        # of its block checks it, or never: a last block of one token is never decoded)
+        if blocks and m.index.xxh64 is not None:
             first, doc, recorded = source.leads()
             self._lead_tok[recorded, 0] = first[recorded]
             self._lead_flag[recorded, 0] = doc[recorded]
@@ -365,6 +368,8 @@ class SampleReader:
         if len(self._lead_len) and prefix <= self._lead_len[block]:
             flags = self._lead_flag[block, :prefix] if self.doc_starts else None
             self._copy(a, rows, self._lead_tok[block, :prefix], flags)
+            with self._lock:  # a record kept for this job is not needed
+                self._stash.pop(block, None)
             return _LEAD
         record = None
         if self.agent is not None:
