@@ -142,7 +142,9 @@ class SampleReader:
         # the first token of each, where the block index records it and the manifest
         # checks the index (else a forged entry would reach training before any decode
         # of its block checks it, or never: a last block of one token is never decoded)
-        if blocks and m.index.xxh64 is not None:
+        # (one token: what a sample needs of a block when seq_len divides it; otherwise
+        # it rarely helps and would touch a page of every block's row at once)
+        if blocks and self._lead == 1 and m.index.xxh64 is not None:
             first, doc, recorded = source.leads()
             self._lead_tok[recorded, 0] = first[recorded]
             self._lead_flag[recorded, 0] = doc[recorded]
