@@ -11,6 +11,7 @@ range list here is sorted and disjoint (:mod:`stoker.coordinator.ranges`).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from stoker.coordinator import ranges
 from stoker.plan import spread_profile
@@ -23,18 +24,23 @@ def windows(stream: str) -> tuple[int, int, int] | None:
     every ``shard_size * window_shards`` positions (shift 0); the spread order's every
     ``window_shards`` turns, and its turns start ``sum(d * n_d)`` positions early (what its
     first units still deal out). None when the description does not say."""
-    if not stream:
-        return None
     try:
-        s = json.loads(stream)
+        s = json.loads(stream) if stream else None
+        if s is None:
+            return None
         S, W = int(s["num_samples"]), int(s["shard_size"]) * int(s["window_shards"])
-        shift = 0
-        if s.get("order", "window") == "spread":
-            counts = spread_profile(int(s["shard_size"]), int(s["spread"]))
-            shift = sum(d * c for d, c in enumerate(counts))
-    except (ValueError, KeyError, TypeError):
+        shift = sum(d * c for d, c in enumerate(_profile(s)))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return (S, W, shift) if S > 0 and W > 0 else None
+
+
+def _profile(s: dict[str, Any]) -> tuple[int, ...]:
+    """How a unit's samples are dealt over the turns (:func:`spread_profile`) in a stream
+    description of the spread order; empty for the window order."""
+    if s.get("order", "window") != "spread":
+        return ()
+    return spread_profile(int(s["shard_size"]), int(s["spread"]))
 
 
 def lease_size(stream: str, configured: int) -> int:
@@ -44,15 +50,11 @@ def lease_size(stream: str, configured: int) -> int:
     in what its reader knows (its lease, and the next one once it asks ahead half way):
     with leases shorter than that reach, nearly every block is decoded once per lease
     it falls in (measured: 0.54x the static plan's rate at 4,096-position leases)."""
-    if not stream:
-        return configured
     try:
-        s = json.loads(stream)
-        if s.get("order", "window") != "spread":
-            return configured
-        turns = len(spread_profile(int(s["shard_size"]), int(s["spread"])))
-        return max(configured, 4 * (turns + 1) * int(s["shard_size"]))
-    except (ValueError, KeyError, TypeError):
+        s = json.loads(stream) if stream else {}
+        turns = len(_profile(s))
+        return max(configured, 4 * (turns + 1) * int(s["shard_size"])) if turns else configured
+    except (ValueError, KeyError, TypeError, AttributeError):
         return configured
 
 

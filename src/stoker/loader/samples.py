@@ -131,8 +131,7 @@ class SampleReader:
         # that ends in a block needs no more of it (a sample begins every L tokens, so
         # at most L + 1 - gcd(block_tokens, L) of them; one when L divides block_tokens)
         # and finds them here instead of reading and decoding the block again
-        lead = 1 if self.bt % seq_len == 0 else seq_len + 1 - math.gcd(self.bt, seq_len)
-        self._lead = min(lead, self.bt)
+        self._lead = min(seq_len + 1 - math.gcd(self.bt, seq_len), self.bt)
         per_block = self._lead * (self._dtype.itemsize + 1) + 4
         keep_leads = m.num_blocks * per_block <= _LEADS
         blocks = m.num_blocks if keep_leads else 0
@@ -401,14 +400,15 @@ class SampleReader:
         with self._decoding:
             toks, starts = self.source.decode(block, record, prefix)
             del record
-            flags = np.zeros(len(toks), dtype=bool)
-            flags[starts[starts < len(toks)]] = True
-            self._copy(a, rows, toks, flags if self.doc_starts else None)
-            self._keep_lead(block, toks, flags)
+            flags = _flags(starts, len(toks)) if self.doc_starts else None
+            self._copy(a, rows, toks, flags)
+            lead = min(self._lead, len(toks))
+            self._keep_lead(block, toks, _flags(starts, lead) if flags is None else flags)
         return _HEAD if prefix < length else _WHOLE
 
     def _keep_lead(self, block: int, toks: np.ndarray, flags: np.ndarray) -> None:
-        """Keep the first tokens of ``block`` (decoded from its start) for later heads."""
+        """Keep the first tokens of ``block`` (decoded from its start) and their flags
+        (at least as many) for later heads."""
         e = min(self._lead, len(toks))
         if len(self._lead_len) and self._lead_len[block] < e:
             self._lead_tok[block, :e] = toks[:e]
@@ -517,6 +517,13 @@ class SampleReader:
                 pass  # the agent is gone: its pins went with it
 
 
+def _flags(starts: np.ndarray, n: int) -> np.ndarray:
+    """Per token of a block's first ``n``, whether a document starts there."""
+    flags = np.zeros(n, dtype=bool)
+    flags[starts[starts < n]] = True
+    return flags
+
+
 def _windows(x: np.ndarray, m: int, w: int, step: int) -> np.ndarray:
     """``m`` windows of ``w`` elements of ``x``, one every ``step`` (a read-only view)."""
     return np.lib.stride_tricks.as_strided(
@@ -540,7 +547,8 @@ _STASH = 4 << 20  # bytes of records kept for a later job at most (about 9 of 1 
 
 class _Jobs:
     """Jobs cut from a plan: the parts ``(k, p)`` of job ``j`` are
-    ``[bounds[j], bounds[j + 1])``; ``order`` runs them by first use; ``keep``: the job
+    ``[bounds[j], bounds[j + 1])``; ``order`` runs them by first use (``first``, the
+    plan index of each job's first sample); ``keep``: the job
     keeps its block's record for the block's next job; ``next`` is the first not
     started."""
 
@@ -555,8 +563,8 @@ class _Jobs:
         keep: np.ndarray,
     ) -> None:
         self.k, self.p, self.bounds, self.block = k, p, bounds, block
-        self.order, self.first, self.keep = order, first, keep
-        self.due: list[int] = first[order].tolist()  # first uses in running order
+        self.order, self.keep = order, keep
+        self.due: list[int] = first[order].tolist()  # first uses (``first``) in running order
         self.next = 0
 
     @classmethod
