@@ -51,7 +51,7 @@ class TokenDataset(PlannedDataset):
     ``shard_size`` and ``window_shards``. The default order, ``"spread"``, deals each
     stored block's samples out over the next few blocks' turns; its reader holds only
     the samples decoded and not yet taken (about ``spread + 1`` blocks' worth: some
-    9 MiB at ``seq_len`` 2048 with 1 MiB blocks). ``ShuffleConfig(order="window")``
+    13 MiB at ``seq_len`` 2048 with 1 MiB blocks). ``ShuffleConfig(order="window")``
     (the default before there were two; a state saved then resumes only with it)
     shuffles windows of ``window_shards`` shards; its reader holds two windows of
     decoded blocks (about 150 MiB by default). ``arena_blocks`` reads through a
