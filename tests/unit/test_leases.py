@@ -312,6 +312,42 @@ def test_a_lease_asked_for_ahead_comes_from_the_queue_and_never_by_stealing() ->
     assert any(e.kind == "request" and e.args.get("ahead") for e in t.events)
 
 
+def test_the_tail_is_granted_ahead_to_the_only_consumer_that_could_take_it() -> None:
+    cfg = Config(lease_size=100, timeout=60, readahead_seconds=1.0, min_readahead=4)
+    # one consumer: the 50 left after its lease are its anyway
+    t = LeaseTable(0, [(0, 150)], world=1, config=cfg)
+    a = t.register(0, 0, 0.0)
+    g = t.request(a, 0.0)
+    tail = t.request(a, 0.1, held=[g.lease], ahead=True)
+    assert tail is not WAIT and (tail.start, tail.end) == (100, 150)
+    # two ranks: rank 1 has its quota, so rank 0's consumer is the only taker left
+    t = LeaseTable(0, [(0, 300)], world=2, config=cfg)
+    r0, r1 = t.register(0, 0, 0.0), t.register(1, 0, 0.0)
+    g0 = t.request(r0, 0.0)
+    g1 = t.request(r1, 0.0)
+    assert t.request(r1, 0.0, held=[g1.lease]) is not WAIT  # rank 1's last 50 (plainly)
+    assert t.assigned[1] == t.quota
+    got = t.request(r0, 0.1, held=[g0.lease], ahead=True)
+    assert got is not WAIT and (got.start, got.end) == (250, 300)
+    # ... but while rank 1 could still take from the queue, the tail waits for a plain ask
+    t = LeaseTable(0, [(0, 300)], world=2, config=cfg)
+    r0, r1 = t.register(0, 0, 0.0), t.register(1, 0, 0.0)
+    g0, g1 = t.request(r0, 0.0), t.request(r1, 0.0)
+    assert t.request(r0, 0.1, held=[g0.lease], ahead=True) is WAIT
+    # a journal written before this rule replays without it (the same WAIT as then)
+    t = LeaseTable(0, [(0, 150)], world=1, config=cfg)
+    a = t.register(0, 0, 0.0)
+    g = t.request(a, 0.0)
+    t.request(a, 0.1, held=[g.lease], ahead=True)
+    events = list(t.events)
+    begin = {k: v for k, v in events[0].args.items() if k != "tail_ahead"}
+    events[0] = type(events[0])("begin", 0.0, begin)
+    old = LeaseTable.replay(events, cfg)
+    assert sorted((v.start, v.end) for v in old.leases.values()) == [(0, 100)]
+    new = LeaseTable.replay(t.events, cfg)
+    assert sorted((v.start, v.end) for v in new.leases.values()) == [(0, 100), (100, 150)]
+
+
 def test_silent_consumer_is_requeued_and_its_late_confirm_refused() -> None:
     t = LeaseTable(0, [(0, 50)], world=1, config=CFG)
     a = t.register(0, 0, 0.0)

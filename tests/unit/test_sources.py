@@ -71,7 +71,7 @@ def test_the_confirm_window_shrinks_for_large_batches() -> None:
     big = 64 * 8193 * 9  # (64, 8193) tokens and masks: 4.7 MB a batch
     assert confirm_window(4, big) == CONFIRM_BYTES // big < CONFIRM_WINDOW
     assert confirm_window(4, 10 * CONFIRM_BYTES) == 4  # never none
-    assert confirm_window(200, 150_000) == 200  # never below the loader's prefetch
+    assert confirm_window(2 * CONFIRM_WINDOW, 150_000) == 2 * CONFIRM_WINDOW  # never below prefetch
 
 
 def test_a_run_of_full_batches_goes_as_one_call_and_its_answers_come_back_per_batch() -> None:

@@ -214,11 +214,13 @@ class LeaseStream:
 #: Batches a rank reads ahead while their confirms are in flight: one coordinator round
 #: trip and journal write (a few ms) then covers many batches. 64 rather than 16 took
 #: an epoch from 25 to 41 M tok/s with num_workers=0 (benchmarks/dynamic_bench.py's
-#: dataset, no training step), and 128 rather than 64 from 0.72x to 0.77-0.90x the
-#: static plan's rate (messages of runs, 2026-12-01); at most :data:`CONFIRM_BYTES` of
-#: batches wait.
-CONFIRM_WINDOW = 128
-CONFIRM_BYTES = 256 << 20
+#: dataset, no training step), 128 rather than 64 from 0.72x to 0.77-0.90x the static
+#: plan's rate, and 256 (with :data:`GATHER_SECONDS` of 20 ms rather than 5) from 0.71x
+#: to 0.82x (7 interleaved rounds, 2026-12-02); at most :data:`CONFIRM_BYTES` of batches
+#: wait. A rank whose training step is slower than reading (the usual case) never fills
+#: the window: each batch is confirmed before the next is asked for.
+CONFIRM_WINDOW = 256
+CONFIRM_BYTES = 64 << 20
 
 
 def confirm_window(prefetch: int, batch_bytes: int) -> int:
@@ -229,8 +231,9 @@ def confirm_window(prefetch: int, batch_bytes: int) -> int:
 
 #: A confirm message waits up to this long for more batches to carry while the rank
 #: is not waiting for an answer (fewer, larger messages: the coordinator's cost is per
-#: message more than per batch).
-GATHER_SECONDS = 0.005
+#: message more than per batch; 20 ms rather than 5 halved the coordinator's CPU per
+#: epoch of the benchmark above).
+GATHER_SECONDS = 0.02
 
 
 class Confirmer:

@@ -88,6 +88,9 @@ class LeaseTable:
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
         self._windows = locality.windows(stream)  # (samples per data epoch, per window, shift)
         self.lease_size = locality.lease_size(stream, self.config.lease_size)
+        # an ahead request may take the epoch's tail when no one else could (a journal
+        # written before this rule records none: replayed without it)
+        self.tail_ahead = True
         self.origin = origin  # the checkpoint this table was restored from
         self.first_step = 0  # batches every rank had handed out before this table began
         self._next_consumer, self._next_lease = first_ids
@@ -132,6 +135,7 @@ class LeaseTable:
             "config": asdict(self.config),
             "first_step": self.first_step,
             "lease_size": self.lease_size,
+            "tail_ahead": self.tail_ahead,
         }
 
     # -- consumers -------------------------------------------------------------------
@@ -241,11 +245,16 @@ class LeaseTable:
         if grant is None:
             room = self.quota - self.assigned[c.rank]
             if ahead:
-                # only while the queue holds a lease for every live consumer: the epoch's
-                # tail stays in the queue, or with readers that can be stolen from
-                live = sum(1 for x in self.consumers.values() if x.alive)
+                # only while the queue holds a lease for every live consumer (the epoch's
+                # tail stays in the queue, or with readers that can be stolen from), or
+                # when no other live consumer could take from the queue (its rank has
+                # its quota): the tail goes to this one anyway, so it may plan it
+                live = [x for x in self.consumers.values() if x.alive]
                 queued = sum(b - a for a, b in self.queue)
-                plenty = room > 0 and queued >= live * self.config.lease_size
+                plenty = room > 0 and (
+                    queued >= len(live) * self.config.lease_size
+                    or (self.tail_ahead and self._sole_taker(c, live))
+                )
                 grant = (self._from_queue(c, room) if plenty else None) or WAIT
             elif room > 0:
                 grant = self._from_queue(c, room) or self._steal(c, room) or WAIT
@@ -260,6 +269,10 @@ class LeaseTable:
             **extra,
         )
         return grant
+
+    def _sole_taker(self, c: Consumer, live: list[Consumer]) -> bool:
+        """No live consumer but ``c`` belongs to a rank with room for more positions."""
+        return all(x is c or self.assigned[x.rank] >= self.quota for x in live)
 
     def _readahead(self, c: Consumer) -> int:
         return max(self.config.min_readahead, int(c.rate * self.config.readahead_seconds))
@@ -629,6 +642,7 @@ class LeaseTable:
         # the size the live table granted (a journal written before leases were sized by
         # the stream records none: they had the configured size)
         table.lease_size = int(b.get("lease_size", table.config.lease_size))
+        table.tail_ahead = bool(b.get("tail_ahead", False))
         table.events[0] = Event("begin", 0.0, table._begin_args())
         for ev in events[1:]:
             table.apply(ev)

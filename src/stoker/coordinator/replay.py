@@ -63,24 +63,26 @@ def tables(events: list[dict[str, Any]]) -> Iterator[LeaseTable]:
 def batches(state_url: str, job: str = "job", **storage_options: Any) -> Iterator[Batch]:
     """Every rank's batches of every epoch of the run journaled under ``state_url``.
 
-    An epoch that a restore replaced is cut at the checkpoint the run resumed
-    from (what was handed out after it was never trained on, as far as the job
-    is concerned): it yields the batches that checkpoint counts, then the
-    restored table's.
+    A restore (a table begun from a checkpoint) replaces what the run journaled after
+    that checkpoint (what was handed out after it was never trained on, as far as the
+    job is concerned): the table of the checkpoint's epoch is cut at the batches the
+    checkpoint counts, and tables of later epochs journaled before the restore (the
+    run had read ahead into the next epoch before it stopped) are left out.
     """
     journal = Journal(state_url, job, storage_options or None)
     tabs = list(tables(journal.read()))
     for i, t in enumerate(tabs):
+        later = [n for n in tabs[i + 1 :] if n.origin]
+        if any(n.epoch < t.epoch for n in later):
+            continue  # an epoch the run began before it was restored to an earlier one
+        # what each later restore of this epoch counted as consumed
+        keeps = [journal.read_checkpoint(n.origin) for n in later if n.epoch == t.epoch]
         stream = _stream(t.stream)
-        nxt = tabs[i + 1] if i + 1 < len(tabs) else None
-        keep = None
-        if nxt is not None and nxt.origin and nxt.epoch == t.epoch:
-            keep = journal.read_checkpoint(nxt.origin)  # what the restore counted as consumed
         for rank in range(t.world):
             for step, ranges in enumerate(t.handed_out(rank), t.first_step + 1):
                 pos = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges] or
                                      [np.zeros(0, dtype=np.int64)])  # fmt: skip
-                if keep is not None and not _within(pos, keep["consumed"]):
+                if not all(_within(pos, keep["consumed"]) for keep in keeps):
                     break
                 ids = stream.samples(pos) if stream is not None else None
                 yield Batch(t.epoch, rank, step, pos, ids)
