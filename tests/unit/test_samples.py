@@ -361,3 +361,47 @@ def test_a_head_of_a_block_of_the_wrong_length_is_refused() -> None:
         codec.decode_prefix(record, len(frames[0]), 120, 50, 2)
     head, starts = codec.decode_prefix(record, len(frames[0]), 100, 50, 2)
     assert head.tolist() == list(range(50)) and starts.tolist() == [0, 40]
+
+
+class _PlanRecorder:
+    """An agent that answers nothing (the reader reads its blocks itself) and records
+    the plans it is told."""
+
+    def __init__(self) -> None:
+        self.plans: list[list[int]] = []
+
+    def open(self, url: str, options: object, dataset_id: str) -> None:
+        pass
+
+    def plan(self, dataset_id: str, blocks: list[int]) -> None:
+        self.plans.append(list(blocks))
+
+    def get(self, dataset_id: str, block: int) -> object:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(pinned=False, record=b"")
+
+    def release(self, dataset_id: str, blocks: list[int]) -> None:
+        pass
+
+
+def test_the_agent_is_not_asked_for_a_block_whose_first_tokens_are_kept(
+    small: SmallDataset,
+) -> None:
+    """Sample 15 (seq_len 16, blocks of 256 tokens) ends one token into block 1, which
+    the block index records: the agent is told block 0 only, and the sample is right."""
+    source = stoker.TokenSource(small.url)
+    assert source.manifest.block_tokens == 256
+    agent = _PlanRecorder()
+    reader = SampleReader(source, 16, True, 64, agent=agent)  # type: ignore[arg-type]
+    try:
+        ids = np.array([15, 40], dtype=np.int64)  # 40: tokens 640..656 of block 2
+        reader.plan(ids)
+        toks, masks = take_all(reader, ids, 2)
+    finally:
+        reader.close()
+    assert agent.plans == [[0, 2]]
+    assert reader.leads == 1
+    want_toks, want_masks = expected(small, ids, 16)
+    np.testing.assert_array_equal(toks, want_toks)
+    np.testing.assert_array_equal(masks, want_masks)

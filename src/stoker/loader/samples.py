@@ -33,6 +33,7 @@ import torch
 from stoker.formats.tokens import TokenSource
 from stoker.loader.arena import decode_threads
 from stoker.loader.batch import Field, Layout
+from stoker.loader.jobs import Jobs, cut
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
@@ -123,7 +124,7 @@ class SampleReader:
         self._base = 0
         self._pos = 0
         self._needed = 0  # plan index the batch being taken reaches
-        self._jobs = _Jobs.empty()
+        self._jobs = Jobs.empty()
         self._stash: dict[int, bytes] = {}  # block -> its record, kept for its next job
         self._turns: dict[int, deque[int]] = {}  # block -> tickets of its jobs started
         self._ticket = 0
@@ -160,7 +161,7 @@ class SampleReader:
         with self._lock:
             self._raise_error()
             # no job of the old cut starts from here on: its plan indices are about to move
-            self._jobs = _Jobs.empty()
+            self._jobs = Jobs.empty()
             old = self._seq[self._pos :]
             n = min(len(old), len(upcoming))
             diff = np.nonzero(old[:n] != upcoming[:n])[0]
@@ -185,11 +186,28 @@ class SampleReader:
             self._needed = 0
             if len(upcoming) > len(self._tok):
                 self._grow(len(upcoming))
-            self._jobs = self._cut()
-            blocks = self._jobs.block[self._jobs.order[: 4 * self._threads]]
+            self._jobs = cut(self._seq, self.L, self.bt, self._given, self.reach, self._gap)
+            blocks = self._upcoming_blocks(4 * self._threads) if self.agent is not None else []
             self._pump()
         if self.agent is not None:
-            self.agent.plan(self.dataset_id, blocks.tolist())
+            self.agent.plan(self.dataset_id, blocks)
+
+    def _upcoming_blocks(self, n: int) -> list[int]:
+        """The blocks of the next ``n`` jobs that read their block, in running order: a job
+        filled from its block's kept first tokens reads nothing (under the lock)."""
+        jobs, out = self._jobs, list[int]()
+        for j in jobs.order[jobs.next :].tolist():
+            if len(out) == n:
+                break
+            block = int(jobs.block[j])
+            if len(self._lead_len) and self._lead_len[block]:
+                ks = jobs.k[jobs.bounds[j] : jobs.bounds[j + 1]]
+                if int((self._seq[ks] * self.L).max()) + self.width - block * self.bt <= int(
+                    self._lead_len[block]
+                ):
+                    continue
+            out.append(block)
+        return out
 
     def _check(self, ids: np.ndarray) -> None:
         """Sample ids outside the dataset are refused before any job is cut for them."""
@@ -219,51 +237,6 @@ class SampleReader:
         self._tok, self._flag = tok, flag
         # rows last freed are taken first: the low rows, already touched, before new ones
         self._free = list(range(rows - 1, held - 1, -1)) + self._free
-
-    def _cut(self) -> _Jobs:
-        """The jobs that fill every part of the plan no job was given yet, in order of
-        first use: per block, one job per ``reach`` samples from its first use, and one of
-        its own for a sample that ends in the block more than ``gap`` samples before or
-        after the block's other uses (it decodes only the block's head, instead of filling
-        the block's samples early)."""
-        seq, L, bt = self._seq, self.L, self.bt
-        k = np.arange(len(seq), dtype=np.int64)
-        first = seq * L // bt
-        extra = (seq * L + L) // bt - first
-        ks, bs, ps = [k], [first], [np.zeros(len(k), dtype=np.int64)]
-        for p in range(1, int(extra.max()) + 1 if len(extra) else 1):
-            sel = extra >= p
-            ks.append(k[sel])
-            bs.append(first[sel] + p)
-            ps.append(np.full(int(sel.sum()), p, dtype=np.int64))
-        K, B, P = np.concatenate(ks), np.concatenate(bs), np.concatenate(ps)
-        open_ = ((self._given[K] >> P.astype(np.uint8)) & 1) == 0
-        K, B, P = K[open_], B[open_], P[open_]
-        if not len(K):
-            return _Jobs.empty()
-        by = np.lexsort((K, B))
-        K, B, P = K[by], B[by], P[by]
-        # a run: a block's uses, a head part (of a sample begun in the block before) apart
-        # from the others when more than ``gap`` lies between; cut in pieces of ``reach``
-        # samples from the run's first use
-        head = P >= 1
-        apart = (K[1:] - K[:-1] > self._gap) & (head[1:] | head[:-1])
-        run_start = np.concatenate([[True], (B[1:] != B[:-1]) | apart])
-        run = np.maximum.accumulate(np.where(run_start, np.arange(len(K)), 0))
-        piece = (K - K[run]) // self.reach
-        start = run_start | np.concatenate([[True], piece[1:] != piece[:-1]])
-        # a job that only fills heads (the parts of samples begun in the block before)
-        # joins the job of the same block before it: a row taken early, no second read
-        at = np.nonzero(start)[0]
-        heads = np.minimum.reduceat(head, at).astype(bool)
-        after = np.concatenate([[False], B[at[1:]] == B[at[1:] - 1]])
-        near = np.concatenate([[False], K[at[1:]] - K[run[at[1:] - 1]] < 2 * self.reach])
-        start[at[heads & after & near]] = False
-        bounds = np.concatenate([np.nonzero(start)[0], [len(K)]])
-        firsts, blocks = K[bounds[:-1]], B[bounds[:-1]]
-        # a job whose block another job of this plan reads later keeps its record for it
-        keep = np.concatenate([blocks[1:] == blocks[:-1], [False]])
-        return _Jobs(K, P, bounds, blocks, np.lexsort((blocks, firsts)), firsts, keep)
 
     # -- running jobs ---------------------------------------------------------------------
     def _pump(self) -> None:
@@ -498,7 +471,7 @@ class SampleReader:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._jobs = _Jobs.empty()
+            self._jobs = Jobs.empty()
             self._stash.clear()
         cancelled = sum(fut.cancel() for fut in list(self._futures))
         wait([f for f in list(self._futures) if not f.cancelled()])
@@ -543,31 +516,3 @@ def token_layout(seq_len: int, doc_starts: bool) -> Layout:
 _WHOLE, _HEAD, _LEAD = 0, 1, 2  # what a job read: its block, a head of it, kept first tokens
 _LEADS = 8 << 20  # bytes of blocks' first tokens kept at most (else none are kept)
 _STASH = 4 << 20  # bytes of records kept for a later job at most (about 9 of 1 MiB blocks)
-
-
-class _Jobs:
-    """Jobs cut from a plan: the parts ``(k, p)`` of job ``j`` are
-    ``[bounds[j], bounds[j + 1])``; ``order`` runs them by first use (``first``, the
-    plan index of each job's first sample); ``keep``: the job
-    keeps its block's record for the block's next job; ``next`` is the first not
-    started."""
-
-    def __init__(
-        self,
-        k: np.ndarray,
-        p: np.ndarray,
-        bounds: np.ndarray,
-        block: np.ndarray,
-        order: np.ndarray,
-        first: np.ndarray,
-        keep: np.ndarray,
-    ) -> None:
-        self.k, self.p, self.bounds, self.block = k, p, bounds, block
-        self.order, self.keep = order, keep
-        self.due: list[int] = first[order].tolist()  # first uses (``first``) in running order
-        self.next = 0
-
-    @classmethod
-    def empty(cls) -> _Jobs:
-        z = np.zeros(0, dtype=np.int64)
-        return cls(z, z, np.zeros(1, dtype=np.int64), z, z, z, np.zeros(0, dtype=bool))
