@@ -384,3 +384,30 @@ def test_a_node_keeps_the_shuffle_windows_it_started() -> None:
     off = LeaseTable(0, [(0, 16)], 2, Config(lease_size=2, locality=False), stream=stream)
     x, y = off.register(0, 0, 0.0, node="a"), off.register(1, 0, 0.0, node="b")
     assert [off.request(x, 0.0).start, off.request(y, 0.0).start] == [0, 2]  # queue order
+
+
+def test_only_a_ranks_recent_confirm_answers_are_kept_for_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stoker.coordinator import leases
+
+    monkeypatch.setattr(leases, "RETAIN", 8)
+    cfg = Config(lease_size=1000, min_readahead=1000)
+    t = LeaseTable(0, [(0, 400)], world=1, config=cfg)
+    c = t.register(0, 0, 0.0)
+    g = t.request(c, 0.0)
+    first = t.confirm_batch(c, 0, [[g.lease, 4, 4]], 4, 0.0)
+    for seq in range(1, 30):
+        t.confirm_batch(c, seq, [[g.lease, 4 * (seq + 1), 4]], 4, 0.0)
+    assert len(t._answers) <= 9  # not one per call of the epoch
+    # the last call, retried (its reply was lost), gets its answer again and logs nothing
+    rows = t.log_rows[0]
+    assert t.confirm_batch(c, 29, [[g.lease, 120, 4]], 4, 0.0) == [False]
+    assert t.log_rows[0] == rows
+    # an old one is no longer known: refused as out of sequence, not confirmed again
+    assert first == [False]
+    with pytest.raises(LeaseError, match="confirms batch 0"):
+        t.confirm_batch(c, 0, [[g.lease, 4, 4]], 4, 0.0)
+    # the journal replays to the same answers
+    back = LeaseTable.replay(t.events, cfg)
+    assert back._answers == t._answers and back.log == t.log

@@ -31,6 +31,7 @@ Position ranges are sorted, disjoint lists of tuples
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict
 from typing import Any
 
@@ -47,6 +48,13 @@ from stoker.coordinator.ranges import insert, merged, subtract
 #: Batches one ConfirmBatch call may confirm at once (``count``): a rank's confirm
 #: window is far below this.
 MAX_RUN = 4096
+
+#: A rank's confirm answers kept for retries (a reply lost on the way): those of calls
+#: that begin within this many batches of the rank's next one. A rank's client has at
+#: most its confirm window (256 batches by default) unanswered, so only its last
+#: message can be retried; older answers are let go (else they would grow with the
+#: epoch: a call per message per rank).
+RETAIN = 2 * MAX_RUN
 
 
 class LeaseTable:
@@ -84,6 +92,7 @@ class LeaseTable:
         self.log_rows = [0] * world
         self.batch_size = 0  # fixed by the first confirmed batch
         self._answers: dict[tuple[int, int], list[bool | None]] = {}  # (rank, seq) -> answer
+        self._answered: list[deque[int]] = [deque() for _ in range(world)]  # seqs, in order
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
         self._windows = locality.windows(stream)  # (samples per data epoch, per window, shift)
@@ -477,6 +486,10 @@ class LeaseTable:
         self.log[c.rank].extend(batches)
         self.log_rows[c.rank] += sum(delivery.rows(b) for b in batches)
         self._answers[key] = answer
+        kept_seqs = self._answered[c.rank]
+        kept_seqs.append(seq)
+        while kept_seqs[0] < len(self.log[c.rank]) - RETAIN:
+            del self._answers[(c.rank, kept_seqs.popleft())]
         extra = {"count": count} if count > 1 else {}
         self._record(
             "batch",
