@@ -67,7 +67,8 @@ class _Dataset:
         self.itemsize = m.np_dtype.itemsize
 
     def size(self, block: int) -> int:
-        return decoded_size(self.source.manifest.block_len(block), self.itemsize)
+        starts = int(self.source.index[block]["doc_starts"])
+        return decoded_size(self.source.manifest.block_len(block), self.itemsize, starts)
 
 
 class _LaterPuts:

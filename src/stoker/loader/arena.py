@@ -129,7 +129,8 @@ class BlockArena:
                 if got.pinned:
                     from stoker.cache.layout import map_block
 
-                    view = map_block(got.path, int(got.tokens), self.tokens.dtype)
+                    toks, starts = map_block(got.path, int(got.tokens), self.tokens.dtype)
+                    view = (toks, self._flags_of(slot, len(toks), starts))
                     pinned = True
                 else:
                     # inline: the agent had no room in shared memory; empty: no agent answered
@@ -142,11 +143,7 @@ class BlockArena:
                 base = slot * self.bt
                 n = len(toks)
                 self.tokens[base : base + n] = toks
-                flags = self.flags[base : base + n] if self.doc_starts else self.flags
-                if self.doc_starts:
-                    flags[:] = False
-                    flags[starts] = True
-                view = (self.tokens[base : base + n], flags)
+                view = (self.tokens[base : base + n], self._flags_of(slot, n, starts))
         except BaseException:
             with self._lock:
                 self._free.append(slot)
@@ -159,6 +156,17 @@ class BlockArena:
                 self._pinned.add(block)
             self._loading.pop(block, None)
         return slot
+
+    def _flags_of(self, slot: int, n: int, starts: np.ndarray) -> np.ndarray:
+        """Slot ``slot``'s document-start flags for a block of ``n`` tokens (set from its
+        ``starts``; an empty array without document starts)."""
+        if not self.doc_starts:
+            return self.flags
+        base = slot * self.bt
+        flags = self.flags[base : base + n]
+        flags[:] = False
+        flags[starts] = True
+        return flags
 
     def schedule(self, order: np.ndarray, next_use: np.ndarray, ahead: int) -> None:
         """Blocks in order of next use: prefetch up to ``ahead`` that are not resident.

@@ -187,25 +187,28 @@ class SampleReader:
             if len(upcoming) > len(self._tok):
                 self._grow(len(upcoming))
             self._jobs = cut(self._seq, self.L, self.bt, self._given, self.reach, self._gap)
-            blocks = self._upcoming_blocks(4 * self._threads) if self.agent is not None else []
+            blocks = self._upcoming_blocks(_AGENT_PLAN) if self.agent is not None else []
             self._pump()
         if self.agent is not None:
             self.agent.plan(self.dataset_id, blocks)
 
     def _upcoming_blocks(self, n: int) -> list[int]:
-        """The blocks of the next ``n`` jobs that read their block, in running order: a job
-        filled from its block's kept first tokens reads nothing (under the lock)."""
-        jobs, out = self._jobs, list[int]()
+        """The first ``n`` blocks the jobs read, in running order, each once: a job filled
+        from its block's kept first tokens reads nothing (under the lock)."""
+        jobs, out, seen = self._jobs, list[int](), set[int]()
         for j in jobs.order[jobs.next :].tolist():
             if len(out) == n:
                 break
             block = int(jobs.block[j])
+            if block in seen:
+                continue
             if len(self._lead_len) and self._lead_len[block]:
                 ks = jobs.k[jobs.bounds[j] : jobs.bounds[j + 1]]
                 if int((self._seq[ks] * self.L).max()) + self.width - block * self.bt <= int(
                     self._lead_len[block]
                 ):
                     continue
+            seen.add(block)
             out.append(block)
         return out
 
@@ -353,10 +356,14 @@ class SampleReader:
 
                 try:
                     with self._decoding:
-                        toks, flags = map_block(got.path, int(got.tokens), self._dtype)
-                        self._copy(a, rows, toks, flags if self.doc_starts else None)
-                        self._keep_lead(block, toks, flags)
-                        del toks, flags
+                        toks, starts = map_block(got.path, int(got.tokens), self._dtype)
+                        flags = _flags(starts, len(toks)) if self.doc_starts else None
+                        self._copy(a, rows, toks, flags)
+                        lead = min(self._lead, len(toks))
+                        self._keep_lead(
+                            block, toks, _flags(starts, lead) if flags is None else flags
+                        )
+                        del toks, starts, flags
                 finally:
                     self.agent.release(self.dataset_id, [block])
                 return _WHOLE
@@ -515,4 +522,9 @@ def token_layout(seq_len: int, doc_starts: bool) -> Layout:
 
 _WHOLE, _HEAD, _LEAD = 0, 1, 2  # what a job read: its block, a head of it, kept first tokens
 _LEADS = 8 << 20  # bytes of blocks' first tokens kept at most (else none are kept)
+#: Blocks the agent is told this reader reads next, at each plan (it prefetches them, as
+#: far as its prefetch budget goes): 64 rather than four per fetch thread (32 over HTTP)
+#: took the agent's misses (a get that waits for its load) from about 70 to 5 an epoch
+#: of the 100M-token benchmark dataset.
+_AGENT_PLAN = 64
 _STASH = 4 << 20  # bytes of records kept for a later job at most (about 9 of 1 MiB blocks)
