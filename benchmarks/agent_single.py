@@ -4,11 +4,14 @@
 
 One rank reads one epoch of a token dataset served by nginx on 127.0.0.1
 (tests/servers.py) with ``TokenLoader(ds, num_workers)`` (batches of (8, 2049),
-shuffle on, seed 0), in three configurations, each in a fresh process:
+shuffle on, seed 0), in four configurations, each in a fresh process:
 
 * *direct*: no ``cache_dir``; the reader fetches and decodes blocks itself;
 * *agent cold*: ``cache_dir=`` a fresh, empty directory: the first reader starts the
   agent (autostart, inside the clock), which downloads and decodes every block;
+* *agent empty*: the same, but the agent was started beforehand (outside the clock, by
+  another process that asked it for its stats and read nothing): a cold cache without
+  the autostart, i.e. what an epoch costs through an agent that is already up;
 * *agent warm*: ``cache_dir=`` the directory of an agent already running with the
   dataset in its memory tier (an epoch read through it beforehand, outside the clock,
   by another process); the measured process is a second reader of the same epoch.
@@ -18,7 +21,7 @@ the first batch; torch and stoker are imported and a full garbage collection is 
 the clock), tokens/s after the
 first batch (the steady rate), and CPU seconds (user + system) per 100M tokens of the
 reader process (with its workers) and of the agent process (for *cold* everything
-since it started, for *warm* what the measured epoch added; read once the agent is idle
+since it started, for *empty* and *warm* what the measured epoch added; read once the agent is idle
 again, so what it does after the last batch counts too). The configurations run in
 R interleaved rounds (their order rotating) so that background load hits all alike;
 reported are medians over the rounds, and against *direct* the medians of the
@@ -58,10 +61,11 @@ from machine import proc_cpu  # noqa: E402
 
 HEADING = "## Node agent: one process, direct vs through the agent"
 SEQ_LEN, BATCH, SEED = 2048, 8, 0
-CONFIGS = ("direct", "cold", "warm")
+CONFIGS = ("direct", "cold", "empty", "warm")
 LABEL = {
     "direct": "direct (no `cache_dir`)",
     "cold": "agent cold (autostarted, empty cache)",
+    "empty": "agent empty (running, empty cache)",
     "warm": "agent warm (running, dataset in memory)",
 }
 TARGET_TPS, TARGET_COLD_FIRST, TARGET_WARM_FIRST = 0.9, 0.15, 0.1
@@ -86,7 +90,7 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     # a full collection now: the garbage of the imports must not make one due inside one
     # configuration's first batch and not another's (with torch loaded it takes ~0.1 s)
     gc.collect()
-    pid0 = agent_pid(cache) if cache is not None and cfg["config"] == "warm" else None
+    pid0 = agent_pid(cache) if cache is not None and cfg["config"] in ("empty", "warm") else None
     agent0 = proc_cpu(pid0) if pid0 is not None else 0.0
     me0, kids0 = (
         resource.getrusage(resource.RUSAGE_SELF),
@@ -172,6 +176,15 @@ def stop_agent(cache: Path) -> None:
     shutil.rmtree(cache, ignore_errors=True)
 
 
+def start_agent(cache: Path) -> None:
+    """Start the agent of ``cache`` as a reader would (autostart) and wait until it answers,
+    in a process of its own that reads nothing."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("STOKER_CACHE_DIR", None)
+    code = f"from stoker.cache.client import AgentClient; AgentClient({str(cache)!r}).stats()"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
+
+
 def quiet_cpu(pid: int | None, timeout: float = 30.0) -> float | None:
     """CPU seconds of process ``pid`` once it has stopped using any (0.25 s without a
     tick): the agent's work for an epoch includes what it does after the reader's last
@@ -196,6 +209,10 @@ def epoch(url: str, config: str, nw: int, tmp: Path) -> dict[str, Any]:
         base = 0.0  # the agent's CPU before the measured epoch (cold: it starts inside it)
         if config == "warm":  # another process reads the epoch first, outside the clock
             run_child({**cfg, "config": "prep"})
+            assert cache is not None
+            base = quiet_cpu(agent_pid(cache)) or 0.0
+        elif config == "empty":  # another process starts the agent, reading nothing
+            start_agent(cache)
             assert cache is not None
             base = quiet_cpu(agent_pid(cache)) or 0.0
         r = run_child(cfg)
@@ -260,10 +277,16 @@ def verdicts(s: dict[str, Any], workers: list[int]) -> list[str]:
     out = []
     for nw in workers:
         cold, warm = s.get(f"cold/nw{nw}"), s.get(f"warm/nw{nw}")
+        empty = s.get(f"empty/nw{nw}")
         if cold is None or warm is None:
             continue
         checks = [
             ("cold tok/s", cold["ratio"] >= TARGET_TPS, f"{cold['ratio']:.2f}x (>= 0.9x)"),
+            *(
+                [("cold tok/s with the agent up", empty["ratio"] >= TARGET_TPS,
+                  f"{empty['ratio']:.2f}x (>= 0.9x)")]
+                if empty is not None else []
+            ),
             ("cold first batch", cold["first_delta"] <= TARGET_COLD_FIRST,
              f"{cold['first_delta']:+.3f} s (<= +0.15 s)"),
             ("warm tok/s", warm["ratio"] >= TARGET_TPS, f"{warm['ratio']:.2f}x (>= 0.9x)"),
@@ -413,7 +436,7 @@ def main() -> int:
     ):
         http = origin.url_for(url.name).rstrip("/")
         for rnd in range(rounds):
-            order = CONFIGS[rnd % 3 :] + CONFIGS[: rnd % 3]
+            order = CONFIGS[rnd % len(CONFIGS) :] + CONFIGS[: rnd % len(CONFIGS)]
             for nw in workers:
                 for config in order:
                     r = epoch(http, config, nw, Path(td))
