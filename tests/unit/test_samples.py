@@ -405,3 +405,17 @@ def test_the_agent_is_not_asked_for_a_block_whose_first_tokens_are_kept(
     want_toks, want_masks = expected(small, ids, 16)
     np.testing.assert_array_equal(toks, want_toks)
     np.testing.assert_array_equal(masks, want_masks)
+
+
+def test_readers_decode_one_block_at_a_time_when_their_processes_fill_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stoker.loader import arena
+
+    monkeypatch.setattr(arena.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(arena, "_readers", 1)
+    assert arena.decoding_threads() == 2  # one reader: two decoding threads
+    arena.reader_processes(2)  # what a pool of two workers tells each of them
+    assert arena.decoding_threads() == 2  # 4 threads on 4 cores
+    arena.reader_processes(3)
+    assert arena.decoding_threads() == 1  # 6 would be more than the cores

@@ -50,6 +50,7 @@ import torch
 from stoker import errors
 from stoker.errors import WorkerError
 from stoker.loader import supervise
+from stoker.loader.arena import reader_processes
 from stoker.loader.batch import Layout, Slots
 from stoker.loader.consumer import Began, ConsumerSpec, Made, allocate, produce
 from stoker.loader.sources import Segments
@@ -102,10 +103,11 @@ def die_with_parent(parent: int) -> None:
 
 
 def _worker_main(
-    spec: ConsumerSpec, worker: int, slots: Slots, conn: Connection, parent: int
+    spec: ConsumerSpec, worker: int, workers: int, slots: Slots, conn: Connection, parent: int
 ) -> None:
     die_with_parent(parent)
     torch.set_num_threads(1)
+    reader_processes(workers)  # the reader sizes its decoding threads by the pool
     meter = WorkerMeter()
 
     def take(rows: int) -> tuple[int, dict[str, np.ndarray]] | None:
@@ -174,7 +176,7 @@ class WorkerPool:
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=_worker_main,
-                args=(self.spec, w, self.rings[w], child, os.getpid()),
+                args=(self.spec, w, self.num_workers, self.rings[w], child, os.getpid()),
                 daemon=True,
                 name=f"{self.name}-{w}",
             )

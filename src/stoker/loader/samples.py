@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from stoker.formats.tokens import TokenSource
-from stoker.loader.arena import decode_threads
+from stoker.loader.arena import decode_threads, decoding_threads
 from stoker.loader.batch import Field, Layout
 from stoker.loader.jobs import Jobs, cut
 
@@ -50,7 +50,8 @@ class SampleReader:
     ``gap``: a sample that ends in a block further than this from the block's other
     uses is a job of its own. Blocks are fetched as many at a time as the storage
     allows (from a network; from local files by the decoding threads themselves), but
-    only ``decoding`` are decoded and copied at once (each holds a decoded block
+    only ``decoding`` (default: two, one when the loader's reader processes would
+    outnumber the cores two to one) are decoded and copied at once (each holds a decoded block
     meanwhile, and each thread keeps what its allocations leave, about 3 MiB). A job
     of a whole 1 MiB block costs about 2 ms, nearly all of it the zstd decode (which
     lets go of the interpreter lock; the copy into rows, one call, holds it about
@@ -67,7 +68,7 @@ class SampleReader:
         agent: AgentClient | None = None,
         ahead: int | None = None,
         gap: int | None = None,
-        decoding: int = 2,
+        decoding: int | None = None,
     ) -> None:
         m = source.manifest
         if seq_len + 1 > m.block_tokens:
@@ -100,6 +101,7 @@ class SampleReader:
         # read from a network for one job is kept for the next instead of fetched again
         storage = source.storage
         local = storage.protocol == "file"
+        decoding = decoding_threads() if decoding is None else decoding
         self._threads = decoding if local and agent is None else storage.max_inflight
         self._stash_limit = 0 if local else _STASH
         # read ahead four times as far from a network as from local data or an agent
