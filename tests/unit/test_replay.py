@@ -57,3 +57,23 @@ def test_without_a_restore_every_confirmed_batch_is_replayed(tmp_path: Path) -> 
         journal.append([e.to_json() for e in t.events])
     got = [(b.epoch, b.step) for b in replay.batches(str(tmp_path))]
     assert got == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]
+
+
+def test_a_restore_that_a_later_one_went_back_before_is_left_out(tmp_path: Path) -> None:
+    """Checkpoints after steps 2 and 4 of one table; the run is restored from the first,
+    then from the second: training saw the table's steps 1-4, then the second restore."""
+    journal = Journal(str(tmp_path), "job")
+    first = LeaseTable(0, [(0, 40)], world=1, config=CFG)
+    _read(first, 6)
+    journal.write_checkpoint("c2", first.snapshot_at(2))
+    journal.write_checkpoint("c4", first.snapshot_at(4))
+    abandoned = LeaseTable.restore(first.snapshot_at(2), 1, CFG, origin="c2",
+                                   first_ids=first.next_ids)  # fmt: skip
+    _read(abandoned, 1)
+    last = LeaseTable.restore(first.snapshot_at(4), 1, CFG, origin="c4",
+                              first_ids=abandoned.next_ids)  # fmt: skip
+    _read(last, 2)
+    for t in (first, abandoned, last):
+        journal.append([e.to_json() for e in t.events])
+    got = [(b.step, b.positions.tolist()[0]) for b in replay.batches(str(tmp_path))]
+    assert got == [(1, 0), (2, 4), (3, 8), (4, 12), (5, 16), (6, 20)]

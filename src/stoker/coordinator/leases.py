@@ -103,6 +103,9 @@ class LeaseTable:
         self.origin = origin  # the checkpoint this table was restored from
         self.first_step = 0  # batches every rank had handed out before this table began
         self._next_consumer, self._next_lease = first_ids
+        # the table's identity in its journal (ids only go up): a checkpoint names it, so
+        # that a replay knows which table a restore went back to
+        self.first_ids = (int(first_ids[0]), int(first_ids[1]))
         # the journal: how the table began, then every change
         self.events: list[Event] = [Event("begin", 0.0, self._begin_args())]
         self.steals = 0
@@ -488,7 +491,7 @@ class LeaseTable:
         self._answers[key] = answer
         kept_seqs = self._answered[c.rank]
         kept_seqs.append(seq)
-        while kept_seqs[0] < len(self.log[c.rank]) - RETAIN:
+        while len(kept_seqs) > 1 and kept_seqs[0] < len(self.log[c.rank]) - RETAIN:
             del self._answers[(c.rank, kept_seqs.popleft())]
         extra = {"count": count} if count > 1 else {}
         self._record(
@@ -590,6 +593,7 @@ class LeaseTable:
             "consumed": [list(p) for p in consumed],
             "stream": self.stream,
             "batches": batches,
+            "table": list(self.first_ids),  # which table of the journal it was taken from
         }
 
     def handed_out(self, rank: int) -> list[delivery.Ranges]:

@@ -61,35 +61,47 @@ def tables(events: list[dict[str, Any]]) -> Iterator[LeaseTable]:
 
 
 def batches(state_url: str, job: str = "job", **storage_options: Any) -> Iterator[Batch]:
-    """Every rank's batches of every epoch of the run journaled under ``state_url``.
+    """Every rank's batches of every epoch of the run journaled under ``state_url``, in
+    the line of tables the run's training went through.
 
-    A restore (a table begun from a checkpoint) replaces what the run journaled after
-    that checkpoint (what was handed out after it was never trained on, as far as the
-    job is concerned): the table of the checkpoint's epoch is cut at the batches the
-    checkpoint counts, and tables of later epochs journaled before the restore (the
-    run had read ahead into the next epoch before it stopped) are left out.
+    That line is followed back from the journal's last table: a table begun from a
+    checkpoint (a restore) descends from the table the checkpoint was taken from, cut
+    at the batches it counts (what was handed out after it was never trained on, as far
+    as the job is concerned); any other table from the table before it in the journal.
+    Tables off the line are left out: an epoch the run had begun before it was restored
+    to an earlier one, a restore that a later restore went back before.
     """
     journal = Journal(state_url, job, storage_options or None)
     tabs = list(tables(journal.read()))
-    for i, t in enumerate(tabs):
-        later = [n for n in tabs[i + 1 :] if n.origin]
-        if any(n.epoch < t.epoch for n in later):
-            continue  # an epoch the run began before it was restored to an earlier one
-        # what each later restore of this epoch counted as consumed
-        keeps = [journal.read_checkpoint(n.origin) for n in later if n.epoch == t.epoch]
+    cuts: dict[int, int | None] = {}  # table index -> batches it is cut at (None: whole)
+    i, cut = len(tabs) - 1, None
+    while i >= 0 and i not in cuts:
+        cuts[i] = cut
+        t = tabs[i]
+        if not t.origin:
+            i, cut = i - 1, None
+            continue
+        checkpoint = journal.read_checkpoint(t.origin)
+        i, cut = _taken_from(tabs, i, checkpoint), int(checkpoint.get("batches", 0))
+    for i in sorted(cuts):
+        t, upto = tabs[i], cuts[i]
         stream = _stream(t.stream)
         for rank in range(t.world):
             for step, ranges in enumerate(t.handed_out(rank), t.first_step + 1):
+                if upto is not None and step > upto:
+                    break
                 pos = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in ranges] or
                                      [np.zeros(0, dtype=np.int64)])  # fmt: skip
-                if not all(_within(pos, keep["consumed"]) for keep in keeps):
-                    break
                 ids = stream.samples(pos) if stream is not None else None
                 yield Batch(t.epoch, rank, step, pos, ids)
 
 
-def _within(pos: np.ndarray, ranges: list[list[int]]) -> bool:
-    inside = np.zeros(len(pos), dtype=bool)
-    for a, b in ranges:
-        inside |= (pos >= a) & (pos < b)
-    return bool(inside.all())
+def _taken_from(tabs: list[LeaseTable], i: int, checkpoint: dict[str, Any]) -> int:
+    """The index of the table before ``tabs[i]`` that ``checkpoint`` was taken from; -1
+    when the journal does not hold it. A checkpoint names its table (``table``: its
+    first ids); one written before it did is taken as from the latest table of its epoch."""
+    epoch, table = checkpoint.get("epoch"), checkpoint.get("table")
+    for j in range(i - 1, -1, -1):
+        if tabs[j].epoch == epoch and (table is None or list(tabs[j].first_ids) == table):
+            return j
+    return -1
