@@ -223,6 +223,34 @@ def test_tokens_through_the_agent_are_exact(
     np.testing.assert_array_equal(starts, np.flatnonzero(dataset.starts[lo:hi]))
 
 
+def test_a_release_goes_with_the_next_get_or_on_its_own_when_flushed(
+    serve_dir, dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    _, url = serve_dir(dataset.path)
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    ds = dataset.manifest.dataset_id
+    client.open(url, None, ds)
+    assert client.get(ds, 0).pinned and client.get(ds, 1).pinned
+    client.release(ds, [0])
+    assert client.stats()["pinned_blocks"] == 2  # waits for the next get
+    assert client.get(ds, 2).pinned
+    assert client.stats()["pinned_blocks"] == 2  # 0 went with it: 1 and 2 are held
+    client.release(ds, [1, 2])
+    client.flush_releases()
+    assert client.stats()["pinned_blocks"] == 0
+    # past UNPIN_BATCH waiting, they go on their own
+    for b in range(3):
+        assert client.get(ds, b).pinned
+    client.UNPIN_BATCH = 3
+    client.release(ds, [0, 1])
+    assert client.stats()["pinned_blocks"] == 3
+    client.release(ds, [2])
+    assert client.stats()["pinned_blocks"] == 0
+    client.close()
+
+
 def test_reader_started_agent_and_warm_restart(
     serve_dir, dataset: Written, tmp_path: Path, agents: Agents
 ) -> None:

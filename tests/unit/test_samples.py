@@ -384,6 +384,9 @@ class _PlanRecorder:
     def release(self, dataset_id: str, blocks: list[int]) -> None:
         pass
 
+    def flush_releases(self) -> None:
+        pass
+
 
 def test_the_agent_is_not_asked_for_a_block_whose_first_tokens_are_kept(
     small: SmallDataset,

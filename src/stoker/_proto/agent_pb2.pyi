@@ -45,12 +45,14 @@ class Open(_message.Message):
     def __init__(self, url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., dataset_id: _Optional[str] = ...) -> None: ...
 
 class Get(_message.Message):
-    __slots__ = ("dataset_id", "block")
+    __slots__ = ("dataset_id", "block", "release")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     dataset_id: str
     block: int
-    def __init__(self, dataset_id: _Optional[str] = ..., block: _Optional[int] = ...) -> None: ...
+    release: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dataset_id: _Optional[str] = ..., block: _Optional[int] = ..., release: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("dataset_id", "blocks")

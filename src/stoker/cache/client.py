@@ -174,13 +174,16 @@ class AgentClient:
         self._start_deadline = 0.0
         self._skipped: dict[str, set[int]] = {}  # blocks read from storage while it started
         self._plans: dict[str, list[int]] = {}  # the latest plan per dataset
+        # released blocks waiting to go with the next get, per dataset (this connection's)
+        self._unpin: dict[str, list[int]] = {}
+        self._unpin_lock = threading.Lock()
         self.reconnects = 0
         self.fallbacks = 0  # times this process stopped using the agent
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for k in ("_sock", "_lock", "_pid", "_warned_inline", "_warned_fallback", "_probe",
-                  "_starting", "_skipped", "_plans"):  # fmt: skip
+                  "_starting", "_skipped", "_plans", "_unpin", "_unpin_lock"):  # fmt: skip
             state.pop(k, None)
         state["_opened"] = {k: v.SerializeToString() for k, v in self._opened.items()}
         return state
@@ -508,6 +511,8 @@ class AgentClient:
         if self._sock is not None:
             self._sock.close()
         self._sock = None
+        with self._unpin_lock:  # the connection's pins went with it
+            self._unpin.clear()
 
     def _fall_back(self, why: str) -> None:
         """Stop using the agent (the agent drops this connection's pins when it notices)."""
@@ -606,9 +611,15 @@ class AgentClient:
 
     def get(self, dataset_id: str, block: int) -> pb.Block:
         """Pin ``block`` and say where it is (or carry its record inline). Without an
-        answering agent: neither pinned nor a record, the reader reads storage itself."""
+        answering agent: neither pinned nor a record, the reader reads storage itself.
+        The blocks of the dataset released since the last get go with it."""
+        if self._pid != os.getpid():
+            self._reset()
         fallback = pb.Response(block=pb.Block())
-        resp = self._call(pb.Request(get=pb.Get(dataset_id=dataset_id, block=block)), fallback)
+        with self._unpin_lock:
+            release = self._unpin.pop(dataset_id, [])
+        req = pb.Request(get=pb.Get(dataset_id=dataset_id, block=block, release=release))
+        resp = self._call(req, fallback)
         got = resp.block
         if resp is not fallback and not got.pinned and not self._warned_inline:
             self._warned_inline = True
@@ -621,9 +632,37 @@ class AgentClient:
         return got
 
     def release(self, dataset_id: str, blocks: list[int]) -> None:
-        if blocks:
-            req = pb.Request(release=pb.Release(dataset_id=dataset_id, blocks=blocks))
-            self._call(req, pb.Response())
+        """Let go of pinned ``blocks``: they go with this process's next get of the dataset
+        (a reader asks for its next block as it lets one go), or on their own once
+        :data:`UNPIN_BATCH` wait, or at :meth:`flush_releases` (a reader's close)."""
+        if not blocks:
+            return
+        if self._pid != os.getpid():
+            self._reset()
+        with self._unpin_lock:
+            waiting = self._unpin.setdefault(dataset_id, [])
+            waiting.extend(int(b) for b in blocks)
+            if len(waiting) < self.UNPIN_BATCH:
+                return
+            del self._unpin[dataset_id]
+        self._send_release(dataset_id, waiting)
+
+    #: Released blocks of a dataset that wait for the next get, at most.
+    UNPIN_BATCH = 64
+
+    def flush_releases(self) -> None:
+        """Send the releases still waiting for a get."""
+        if self._pid != os.getpid():
+            self._reset()
+            return
+        with self._unpin_lock:
+            waiting, self._unpin = self._unpin, {}
+        for dataset_id, blocks in waiting.items():
+            self._send_release(dataset_id, blocks)
+
+    def _send_release(self, dataset_id: str, blocks: list[int]) -> None:
+        req = pb.Request(release=pb.Release(dataset_id=dataset_id, blocks=blocks))
+        self._call(req, pb.Response())
 
     def plan(self, dataset_id: str, blocks: list[int]) -> None:
         """The blocks this process reads next, in order (the agent prefetches them)."""

@@ -174,6 +174,8 @@ class AgentServer:
             if kind == "open":
                 return pb.Response(id=req.id, opened=pb.Opened(dataset_id=agent._open(req.open)))
             if kind == "get":
+                if req.get.release:  # released with the next get: no round trip of their own
+                    agent.release(req.get.dataset_id, list(req.get.release), client)
                 return pb.Response(
                     id=req.id, block=agent._get(req.get.dataset_id, req.get.block, client)
                 )

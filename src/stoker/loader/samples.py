@@ -493,6 +493,7 @@ class SampleReader:
             pool.shutdown(wait=False)  # idle now: its threads end
         if self.agent is not None:
             try:
+                self.agent.flush_releases()  # the last blocks' pins
                 # what this reader read itself while its agent started goes to the agent
                 self.agent.hand_over(self.dataset_id)
             except Exception:
