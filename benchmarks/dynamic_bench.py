@@ -324,7 +324,7 @@ def _cpu(r: dict[str, Any]) -> str:
 
 def _costs(s: dict[str, Any], batches: int) -> list[str]:
     """Where the dynamic path's time goes, from the CPU columns (coordinator vs static)."""
-    from stoker.coordinator.consumer import CONFIRM_WINDOW
+    from stoker.coordinator.consumer import CONFIRM_WINDOW, GATHER_SECONDS
 
     out = []
     for nw in WORKERS:
@@ -344,7 +344,8 @@ def _costs(s: dict[str, Any], batches: int) -> list[str]:
             "Where the dynamic path's time goes (medians of the CPU columns; the `rank0` "
             "coordinator's CPU is not measured, it is the loader's private child): the loader "
             "confirms every batch with the coordinator before handing it out (`ConfirmBatch`, "
-            "sent on a thread, up to half the window or 5 ms of them per `Batch` message while the "
+            f"sent on a thread, up to half the window or {GATHER_SECONDS * 1e3:.0f} ms of them per "
+            "`Batch` message while the "
             f"rank does not wait, reading up to {CONFIRM_WINDOW} batches ahead of the confirms, "
             "a run of a consumer's full batches as one call; "
             "`src/stoker/coordinator/consumer.py`, `src/stoker/loader/coordinated.py`), "
