@@ -295,6 +295,11 @@ def test_a_reader_reads_storage_itself_while_the_agent_it_started_starts(
     assert client.get(ds, 1).pinned
     client.release(ds, [1])
     assert client.stats()["decodes"] >= 2 and not client.falling_back
+    # hand_over loads what was read meanwhile and lets each go again, the last one too
+    client._skipped[ds] = {3, 4}
+    client.flush_releases()
+    client.hand_over(ds)
+    assert client.stats()["pinned_blocks"] == 0
     client.close()
 
 

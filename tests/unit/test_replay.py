@@ -77,3 +77,29 @@ def test_a_restore_that_a_later_one_went_back_before_is_left_out(tmp_path: Path)
         journal.append([e.to_json() for e in t.events])
     got = [(b.step, b.positions.tolist()[0]) for b in replay.batches(str(tmp_path))]
     assert got == [(1, 0), (2, 4), (3, 8), (4, 12), (5, 16), (6, 20)]
+
+
+def test_checkpoints_that_name_no_table_are_matched_to_one_that_could_have_counted_them(
+    tmp_path: Path,
+) -> None:
+    """Checkpoints written before they named their table: restored from the one after
+    step 4, then from the one after step 2 of the first table. Training saw the first
+    table's steps 1-2, then the second restore's."""
+
+    def unnamed(snapshot: dict) -> dict:
+        return {k: v for k, v in snapshot.items() if k != "table"}
+
+    journal = Journal(str(tmp_path), "job")
+    first = LeaseTable(0, [(0, 40)], world=1, config=CFG)
+    _read(first, 6)
+    c2, c4 = unnamed(first.snapshot_at(2)), unnamed(first.snapshot_at(4))
+    journal.write_checkpoint("c2", c2)
+    journal.write_checkpoint("c4", c4)
+    r4 = LeaseTable.restore(c4, 1, CFG, origin="c4", first_ids=first.next_ids)
+    _read(r4, 1)
+    r2 = LeaseTable.restore(c2, 1, CFG, origin="c2", first_ids=r4.next_ids)
+    _read(r2, 2)
+    for t in (first, r4, r2):
+        journal.append([e.to_json() for e in t.events])
+    got = [(b.step, b.positions.tolist()[0]) for b in replay.batches(str(tmp_path))]
+    assert got == [(1, 0), (2, 4), (3, 8), (4, 12)]  # r4 began after step 2: not c2's table

@@ -687,6 +687,7 @@ class AgentClient:
             if got.pinned:
                 self.release(dataset_id, [b])
         skipped.clear()
+        self.flush_releases()  # the last one's pin
 
     def holdings(self, dataset_id: str) -> list[int]:
         """Blocks of the dataset this node's agent holds (memory or disk); none without

@@ -21,6 +21,7 @@ import numpy as np
 from stoker import plan
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import Event, LeaseTable
+from stoker.coordinator.ranges import subtract
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,19 @@ def _taken_from(tabs: list[LeaseTable], i: int, checkpoint: dict[str, Any]) -> i
     when the journal does not hold it. A checkpoint names its table (``table``: its
     first ids); one written before it did is taken as from the latest table of its epoch."""
     epoch, table = checkpoint.get("epoch"), checkpoint.get("table")
+    batches = int(checkpoint.get("batches", 0))
+    consumed = [(int(a), int(b)) for a, b in checkpoint.get("consumed", [])]
     for j in range(i - 1, -1, -1):
-        if tabs[j].epoch == epoch and (table is None or list(tabs[j].first_ids) == table):
+        t = tabs[j]
+        if t.epoch != epoch:
+            continue
+        if table is not None:
+            if list(t.first_ids) == table:
+                return j
+        # without a name: a table that could have counted it (begun at or before its
+        # batches, with what it began from consumed in it)
+        elif t.first_step <= batches and not subtract(
+            [(int(a), int(b)) for a, b in t.base], consumed
+        ):
             return j
     return -1

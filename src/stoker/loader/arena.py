@@ -334,8 +334,8 @@ class BlockArena:
             try:
                 if pinned:
                     self.agent.release(self.dataset_id, pinned)
-                self.agent.flush_releases()  # sent now, not with a next get
                 # what this reader read itself while its agent started goes to the agent
                 self.agent.hand_over(self.dataset_id)
+                self.agent.flush_releases()  # sent now, not with a next get
             except Exception:
                 pass  # the agent is gone: its pins went with it

@@ -493,9 +493,9 @@ class SampleReader:
             pool.shutdown(wait=False)  # idle now: its threads end
         if self.agent is not None:
             try:
-                self.agent.flush_releases()  # the last blocks' pins
                 # what this reader read itself while its agent started goes to the agent
                 self.agent.hand_over(self.dataset_id)
+                self.agent.flush_releases()  # the last blocks' pins
             except Exception:
                 pass  # the agent is gone: its pins went with it
 
