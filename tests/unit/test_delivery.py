@@ -259,7 +259,7 @@ def test_runs_of_batches_confirmed_in_one_call_log_what_one_call_each_does(
         ]
         rank = {c.consumer: t.consumers[c.consumer].rank for c in calls}
         for c, a in zip(calls, split_answers(got, parts), strict=True):
-            assert a == t._answers[(rank[c.consumer], c.seq)]
+            assert a == t._answers[rank[c.consumer]][c.seq]
         calls.clear()
         times.clear()
 

@@ -399,7 +399,7 @@ def test_only_a_ranks_recent_confirm_answers_are_kept_for_retries(
     first = t.confirm_batch(c, 0, [[g.lease, 4, 4]], 4, 0.0)
     for seq in range(1, 30):
         t.confirm_batch(c, seq, [[g.lease, 4 * (seq + 1), 4]], 4, 0.0)
-    assert len(t._answers) <= 9  # not one per call of the epoch
+    assert sum(map(len, t._answers)) <= 9  # not one per call of the epoch
     # the last call, retried (its reply was lost), gets its answer again and logs nothing
     rows = t.log_rows[0]
     assert t.confirm_batch(c, 29, [[g.lease, 120, 4]], 4, 0.0) == [False]

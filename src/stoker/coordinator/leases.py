@@ -31,7 +31,6 @@ Position ranges are sorted, disjoint lists of tuples
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import asdict
 from typing import Any
 
@@ -91,8 +90,8 @@ class LeaseTable:
         self.log: list[list[delivery.Ranges]] = [[] for _ in range(world)]
         self.log_rows = [0] * world
         self.batch_size = 0  # fixed by the first confirmed batch
-        self._answers: dict[tuple[int, int], list[bool | None]] = {}  # (rank, seq) -> answer
-        self._answered: list[deque[int]] = [deque() for _ in range(world)]  # seqs, in order
+        # per rank: seq -> answer, oldest first (seqs only go up)
+        self._answers: list[dict[int, list[bool | None]]] = [{} for _ in range(world)]
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
         self._windows = locality.windows(stream)  # (samples per data epoch, per window, shift)
@@ -450,9 +449,9 @@ class LeaseTable:
         c = self.consumers.get(consumer)
         if c is None:
             raise LeaseError("unknown_consumer", f"consumer {consumer} was never registered")
-        key = (c.rank, seq)
-        if key in self._answers:
-            return self._answers[key]
+        answers = self._answers[c.rank]
+        if seq in answers:
+            return answers[seq]
         if seq != len(self.log[c.rank]):
             raise LeaseError(
                 "bad_sequence",
@@ -488,11 +487,9 @@ class LeaseTable:
         batches = [kept] if count == 1 else _per_batch(segments, answer, size, count)
         self.log[c.rank].extend(batches)
         self.log_rows[c.rank] += sum(delivery.rows(b) for b in batches)
-        self._answers[key] = answer
-        kept_seqs = self._answered[c.rank]
-        kept_seqs.append(seq)
-        while len(kept_seqs) > 1 and kept_seqs[0] < len(self.log[c.rank]) - RETAIN:
-            del self._answers[(c.rank, kept_seqs.popleft())]
+        answers[seq] = answer
+        while len(answers) > 1 and (oldest := next(iter(answers))) < len(self.log[c.rank]) - RETAIN:
+            del answers[oldest]
         extra = {"count": count} if count > 1 else {}
         self._record(
             "batch",

@@ -100,7 +100,8 @@ def batches(state_url: str, job: str = "job", **storage_options: Any) -> Iterato
 def _taken_from(tabs: list[LeaseTable], i: int, checkpoint: dict[str, Any]) -> int:
     """The index of the table before ``tabs[i]`` that ``checkpoint`` was taken from; -1
     when the journal does not hold it. A checkpoint names its table (``table``: its
-    first ids); one written before it did is taken as from the latest table of its epoch."""
+    first ids); one written before it did, as from the latest table of its epoch that could
+    have counted it."""
     epoch, table = checkpoint.get("epoch"), checkpoint.get("table")
     batches = int(checkpoint.get("batches", 0))
     consumed = [(int(a), int(b)) for a, b in checkpoint.get("consumed", [])]
@@ -113,8 +114,6 @@ def _taken_from(tabs: list[LeaseTable], i: int, checkpoint: dict[str, Any]) -> i
                 return j
         # without a name: a table that could have counted it (begun at or before its
         # batches, with what it began from consumed in it)
-        elif t.first_step <= batches and not subtract(
-            [(int(a), int(b)) for a, b in t.base], consumed
-        ):
+        elif t.first_step <= batches and not subtract(t.base, consumed):
             return j
     return -1

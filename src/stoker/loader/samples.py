@@ -204,12 +204,9 @@ class SampleReader:
             block = int(jobs.block[j])
             if block in seen:
                 continue
-            if len(self._lead_len) and self._lead_len[block]:
-                ks = jobs.k[jobs.bounds[j] : jobs.bounds[j + 1]]
-                if int((self._seq[ks] * self.L).max()) + self.width - block * self.bt <= int(
-                    self._lead_len[block]
-                ):
-                    continue
+            ks = jobs.k[jobs.bounds[j] : jobs.bounds[j + 1]]
+            if self._from_lead(block, self._prefix(block, self._seq[ks])):
+                continue
             seen.add(block)
             out.append(block)
         return out
@@ -340,11 +337,9 @@ class SampleReader:
         with self._lock:
             ids = self._seq[numbers - self._base]
         a = ids * self.L - block * self.bt  # each sample's first token, from the block's
-        # decoded only as far as the furthest token a sample needs (a head of the block,
-        # when its samples end early in it: those that begin in the block before)
         length = self.source.manifest.block_len(block)
-        prefix = min(int((a + self.width).max()), length)
-        if len(self._lead_len) and prefix <= self._lead_len[block]:
+        prefix = self._prefix(block, ids)
+        if self._from_lead(block, prefix):
             flags = self._lead_flag[block, :prefix] if self.doc_starts else None
             self._copy(a, rows, self._lead_tok[block, :prefix], flags)
             with self._lock:  # a record kept for this job is not needed
@@ -359,13 +354,8 @@ class SampleReader:
                 try:
                     with self._decoding:
                         toks, starts = map_block(got.path, int(got.tokens), self._dtype)
-                        flags = _flags(starts, len(toks)) if self.doc_starts else None
-                        self._copy(a, rows, toks, flags)
-                        lead = min(self._lead, len(toks))
-                        self._keep_lead(
-                            block, toks, _flags(starts, lead) if flags is None else flags
-                        )
-                        del toks, starts, flags
+                        self._take(block, a, rows, toks, starts)
+                        del toks, starts
                 finally:
                     self.agent.release(self.dataset_id, [block])
                 return _WHOLE
@@ -382,11 +372,29 @@ class SampleReader:
         with self._decoding:
             toks, starts = self.source.decode(block, record, prefix)
             del record
-            flags = _flags(starts, len(toks)) if self.doc_starts else None
-            self._copy(a, rows, toks, flags)
-            lead = min(self._lead, len(toks))
-            self._keep_lead(block, toks, _flags(starts, lead) if flags is None else flags)
+            self._take(block, a, rows, toks, starts)
         return _HEAD if prefix < length else _WHOLE
+
+    def _prefix(self, block: int, ids: np.ndarray) -> int:
+        """How far into ``block`` the samples ``ids`` reach: a block is decoded only that
+        far (a head of it, when its samples end early in it: those begun in the block
+        before)."""
+        reach = int((ids * self.L).max()) + self.width - block * self.bt
+        return min(reach, self.source.manifest.block_len(block))
+
+    def _from_lead(self, block: int, prefix: int) -> bool:
+        """Whether the first ``prefix`` tokens of ``block`` are kept (nothing to read)."""
+        return bool(len(self._lead_len)) and prefix <= int(self._lead_len[block])
+
+    def _take(
+        self, block: int, a: np.ndarray, rows: np.ndarray, toks: np.ndarray, starts: np.ndarray
+    ) -> None:
+        """Copy a block's (or its head's) parts of the job's samples into their rows, and
+        keep its first tokens; ``starts``: its document starts."""
+        flags = _flags(starts, len(toks)) if self.doc_starts else None
+        self._copy(a, rows, toks, flags)
+        lead = min(self._lead, len(toks))
+        self._keep_lead(block, toks, _flags(starts, lead) if flags is None else flags)
 
     def _keep_lead(self, block: int, toks: np.ndarray, flags: np.ndarray) -> None:
         """Keep the first tokens of ``block`` (decoded from its start) and their flags
