@@ -135,11 +135,11 @@ def test_an_expensive_transform_in_dataloader_workers_is_named(
 
 
 def test_one_slow_dataloader_worker_is_named(dataset: Written, jobs: Jobs) -> None:
-    # two DataLoader workers; only worker 1's share of the data is costly (2 ms of CPU a
+    # two DataLoader workers; only worker 1's share of the data is costly (5 ms of CPU a
     # sample). The loader takes batches from the workers in turn, so the rank waits for
     # worker 1 while worker 0 idles ahead of it
     port, proc = jobs.start(
-        "--dataset", str(dataset.path), "--torch", "--workers", "2", "--transform-ms", "2",
+        "--dataset", str(dataset.path), "--torch", "--workers", "2", "--transform-ms", "5",
         "--slow-worker", "1", "--step", "0.002",
     )  # fmt: skip
     jobs.ready(proc)

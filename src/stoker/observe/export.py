@@ -49,10 +49,12 @@ class WorkerExport:
     parent is the worker's parent process (fork and spawn start methods).
 
     Busy time (:func:`busy_seconds`): the wall time inside the dataset's iterator,
-    plus what the worker's thread does between handing a sample over and asking
-    for the next (a wrapped transform, collation, pickling) by its CPU time and
-    its wait for a core (the run queue, from ``/proc/thread-self/schedstat``);
-    waiting for the parent's next request takes neither and counts as idle.
+    plus what the worker does between handing a sample over and asking for the
+    next: its thread's CPU time (a wrapped transform, collation) and wait for a
+    core (the run queue, from ``/proc/thread-self/schedstat``), and the CPU time
+    of the process's other threads meanwhile (the queue's feeder thread pickles
+    the batch and moves its tensors to shared memory there); waiting for the
+    parent's next request takes none of these and counts as idle.
     """
 
     def __init__(self, rank: int, worker: int) -> None:
@@ -61,7 +63,9 @@ class WorkerExport:
         self.born = time.monotonic()
         self.inside = 0.0  # wall seconds inside the dataset's iterator
         self.outside_cpu = 0.0  # thread CPU seconds between a hand-over and the next ask
-        self.handed: float | None = None  # thread CPU time at the last hand-over
+        self.outside_others = 0.0  # other threads' CPU seconds meanwhile
+        # (thread, process) CPU times at the last hand-over
+        self.handed: tuple[float, float] | None = None
         self.written = 0.0
         self.sched = _Schedstat()
         self.sched0 = self.sched.read()
@@ -77,16 +81,18 @@ class WorkerExport:
         if now - self.written >= EXPORT_INTERVAL:
             self.write()
             self.written = now
-        self.handed = time.thread_time()
+        self.handed = time.thread_time(), time.process_time()
 
     def resumed(self) -> None:
         """The worker asks for the next sample."""
         if self.handed is not None:
-            self.outside_cpu += time.thread_time() - self.handed
+            thread = time.thread_time() - self.handed[0]
+            self.outside_cpu += thread
+            self.outside_others += max(0.0, time.process_time() - self.handed[1] - thread)
 
     def busy(self, alive: float) -> float:
         cpu, delay = (a - b for a, b in zip(self.sched.read(), self.sched0, strict=True))
-        return busy_seconds(self.inside, self.outside_cpu, cpu, delay, alive)
+        return busy_seconds(self.inside, self.outside_cpu, cpu, delay, alive, self.outside_others)
 
     def write(self) -> None:
         body: dict[str, Any] = {
@@ -107,16 +113,22 @@ class WorkerExport:
 
 
 def busy_seconds(
-    inside: float, outside_cpu: float, cpu: float, delay: float, alive: float
+    inside: float,
+    outside_cpu: float,
+    cpu: float,
+    delay: float,
+    alive: float,
+    outside_others: float = 0.0,
 ) -> float:
-    """A worker thread's busy seconds: ``inside`` (wall seconds in the dataset's iterator),
-    ``outside_cpu`` (its CPU seconds outside it), and its total ``cpu`` and run-queue
-    ``delay`` seconds. The delay outside the iterator is what ``delay`` leaves after the
-    iterator's own time off the CPU (blocked or waiting for a core), so it is never
-    counted twice; at most ``alive``."""
+    """A worker's busy seconds: ``inside`` (its thread's wall seconds in the dataset's
+    iterator), ``outside_cpu`` (the thread's CPU seconds outside it), the thread's total
+    ``cpu`` and run-queue ``delay`` seconds, and ``outside_others`` (the CPU seconds of
+    the process's other threads while the thread was outside the iterator). The delay
+    outside the iterator is what ``delay`` leaves after the iterator's own time off the
+    CPU (blocked or waiting for a core), so it is never counted twice; at most ``alive``."""
     inside_off_cpu = max(0.0, inside - max(0.0, cpu - outside_cpu))
     outside_delay = max(0.0, delay - inside_off_cpu)
-    return min(alive, inside + outside_cpu + outside_delay)
+    return min(alive, inside + outside_cpu + outside_delay + outside_others)
 
 
 def exported(samples: Iterator[Any], export: WorkerExport) -> Iterator[Any]:
