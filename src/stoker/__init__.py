@@ -5,9 +5,6 @@ Public API; everything else is internal and may change.
 
 from typing import TYPE_CHECKING
 
-from stoker.cache import BlockCache, DiskCache, NullCache
-from stoker.cache.config import AgentConfig
-from stoker.coordinator.model import Config as LeaseConfig
 from stoker.errors import (
     AgentError,
     AgentRunningError,
@@ -27,32 +24,51 @@ from stoker.errors import (
     UnsupportedFormatError,
     WorkerError,
 )
-from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
-from stoker.formats.tokens import TokenSource
-from stoker.manifest import Manifest
-from stoker.observe.metered import Metered
-from stoker.plan import ShuffleConfig
-from stoker.storage import RetryPolicy, Storage
 
 if TYPE_CHECKING:
+    from stoker.cache import BlockCache, DiskCache, NullCache
     from stoker.cache.client import AgentClient
+    from stoker.cache.config import AgentConfig
     from stoker.coordinator.client import CoordinatorClient
+    from stoker.coordinator.model import Config as LeaseConfig
     from stoker.device import DevicePrefetcher
+    from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
+    from stoker.formats.tokens import TokenSource
     from stoker.loader.dataset import TokenDataset
     from stoker.loader.loader import TokenLoader
     from stoker.loader.masks import cu_seqlens, doc_starts
+    from stoker.manifest import Manifest
+    from stoker.observe.metered import Metered
+    from stoker.plan import ShuffleConfig
+    from stoker.storage import RetryPolicy, Storage
 
-#: Names imported when first asked for: torch (the loader, the device tier) takes seconds
-#: to import, and the agent's and coordinator's processes (and clients) need none of it;
+#: Names imported when first asked for (name -> module, or module and the name there):
+#: torch (the loader, the device tier) takes seconds to import, numpy and the storage
+#: layer a tenth of one, and a process that needs little of the package (the node agent
+#: starting beside a reader, the coordinator, a client) pays only for what it uses;
 #: gRPC and protobuf likewise stay out of `import stoker`.
 _LAZY = {
     "AgentClient": "stoker.cache.client",
+    "AgentConfig": "stoker.cache.config",
+    "BlockCache": "stoker.cache",
     "CoordinatorClient": "stoker.coordinator.client",
     "DevicePrefetcher": "stoker.device",
+    "DiskCache": "stoker.cache",
+    "LeaseConfig": ("stoker.coordinator.model", "Config"),
+    "Manifest": "stoker.manifest",
+    "Metered": "stoker.observe.metered",
+    "NullCache": "stoker.cache",
+    "RetryPolicy": "stoker.storage",
+    "ShuffleConfig": "stoker.plan",
+    "Storage": "stoker.storage",
     "TokenDataset": "stoker.loader.dataset",
     "TokenLoader": "stoker.loader.loader",
+    "TokenSource": "stoker.formats.tokens",
+    "TokenWriter": "stoker.formats.token_writer",
+    "WriteOptions": "stoker.formats.token_writer",
     "cu_seqlens": "stoker.loader.masks",
     "doc_starts": "stoker.loader.masks",
+    "write_tokens": "stoker.formats.token_writer",
 }
 
 __version__ = "0.1.0"
@@ -62,7 +78,9 @@ def __getattr__(name: str) -> object:
     import importlib
 
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        where = _LAZY[name]
+        module, attr = where if isinstance(where, tuple) else (where, name)
+        value = getattr(importlib.import_module(module), attr)
         globals()[name] = value  # asked once
         return value
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")

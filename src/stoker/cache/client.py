@@ -30,65 +30,30 @@ read meanwhile are handed to the agent (appended to every plan, so it loads
 them behind what the reader needs next, and at :meth:`AgentClient.hand_over`,
 called when a reader closes, loaded for certain): the node's cache ends up
 holding every block its readers read, at the price of reading the first
-blocks of a cold start twice.
+blocks of a cold start twice. Spawning the agent and the one-per-machine spawn lock
+are in :mod:`stoker.cache.starting`; connecting and probing its socket in
+:mod:`stoker.cache.connection`.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import fcntl
 import json
 import os
-import select
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
 from typing import Any
 
-from stoker import errors, settings
+from stoker import errors
 from stoker._proto import agent_pb2 as pb
-from stoker.cache import wire
+from stoker.cache import connection, starting, wire
 from stoker.cache.config import AgentConfig
+from stoker.cache.connection import Unanswered
 from stoker.cache.paths import AgentPaths, default_cache_dir
 from stoker.errors import AgentError
-
-#: The agents this process started and has not reaped yet: an agent outlives the client
-#: that started it, so its handle stays here (not dropped while the agent runs, which
-#: would leave a zombie behind once it exits) until :func:`_reap` sees it exit.
-_spawned: list[subprocess.Popen[bytes]] = []
-_spawned_lock = threading.Lock()
-
-
-def _reap() -> None:
-    """Forget (and reap) the agents this process started that have exited."""
-    with _spawned_lock:
-        _spawned[:] = [proc for proc in _spawned if proc.poll() is None]
-
-
-atexit.register(_reap)
-
-
-class _Start:
-    """An agent being started for this client: the process it spawned (None: another
-    reader process is starting it) and the spawn lock it holds meanwhile, so that the
-    readers of a machine (a job's DataLoader workers) start one agent, not one each."""
-
-    def __init__(self, proc: subprocess.Popen[bytes] | None, lock_fd: int | None) -> None:
-        self.proc = proc
-        self.lock_fd = lock_fd
-
-    def close(self) -> None:
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)
-            self.lock_fd = None
-
-
-class _Unanswered(Exception):
-    """No agent answers (the message says how); the client falls back to storage."""
 
 
 class AgentClient:
@@ -170,7 +135,7 @@ class AgentClient:
         self._why = ""  # how the agent failed to answer, last time
         self._probe: socket.socket | None = None  # a connection waiting for the agent's Ack
         self._next_probe = 0.0
-        self._starting: _Start | None = None  # an agent being started, not answering yet
+        self._starting: starting.Start | None = None  # an agent being started, not answering yet
         self._start_deadline = 0.0
         self._skipped: dict[str, set[int]] = {}  # blocks read from storage while it started
         self._plans: dict[str, list[int]] = {}  # the latest plan per dataset
@@ -200,34 +165,12 @@ class AgentClient:
         return self._pid == os.getpid() and self._fallback
 
     # -- connection -----------------------------------------------------------------
-    @staticmethod
-    def _hello() -> pb.Request:
-        return pb.Request(id=0, hello=pb.Hello(protocol=wire.PROTOCOL_VERSION, pid=os.getpid()))
-
     def _connect_once(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.connect_timeout)
-        try:
-            sock.connect(str(self.paths.socket))
-            wire.send(sock, self._hello())
-            resp = wire.recv(sock, pb.Response)
-        except TimeoutError as exc:
-            sock.close()
-            raise _Unanswered(
-                f"did not answer a connection within {self.connect_timeout:g} s"
-            ) from exc
-        except BaseException:
-            sock.close()
-            raise
-        if resp.error:  # another protocol version, or no room for another connection
-            sock.close()
-            raise _Unanswered(f"refused the connection ({resp.error})")
-        sock.settimeout(self.request_timeout)
-        return sock
+        return connection.connect(self.paths, self.connect_timeout, self.request_timeout)
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
-        config = dataclasses.replace(
+    def _agent_config(self) -> AgentConfig:
+        """The settings of an agent this client starts."""
+        return dataclasses.replace(
             self.config or AgentConfig(str(self.paths.cache_dir)),
             cache_dir=str(self.paths.cache_dir),
             cache_limit=self.cache_limit,
@@ -236,26 +179,6 @@ class AgentClient:
             max_rate=self.max_rate,
             idle_exit=self.idle_exit,
         )
-        cmd = [
-            sys.executable,
-            "-m",
-            "stoker.cache.agent",
-            "--config-json",
-            settings.to_json(config),
-        ]
-        _reap()
-        with open(self.paths.log, "ab") as logf:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # outlives this reader; not hit by its Ctrl-C
-                close_fds=True,
-            )
-        with _spawned_lock:
-            _spawned.append(proc)
-        return proc
 
     def _connect(self, spawned: subprocess.Popen[bytes] | None = None) -> socket.socket:
         """Connect, starting an agent when none answers (unless ``spawned``, the agent this
@@ -273,26 +196,17 @@ class AgentClient:
             ):
                 pass
             if not self.autostart:
-                raise _Unanswered(
+                raise Unanswered(
                     "is not running (start one with "
                     f"`stoker agent --cache-dir {self.paths.cache_dir} --cache-limit ...`)"
                 )
             if spawned is None:
-                spawned = self._spawn()
+                spawned = starting.spawn(self.paths, self._agent_config())
             elif spawned.poll() not in (None, 3):  # 3: another agent won the race; fine
-                raise AgentError(
-                    f"the stoker agent for {self.paths.cache_dir} exited with code "
-                    f"{spawned.returncode}; see {self.paths.log}:\n{self._log_tail()}"
-                )
+                raise starting.exited(self.paths, spawned)
             if time.monotonic() > deadline:
-                raise _Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
+                raise Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
             time.sleep(0.005)  # the agent is starting: poll its socket (a cheap connect)
-
-    def _log_tail(self) -> str:
-        try:
-            return "\n".join(self.paths.log.read_text(errors="replace").splitlines()[-10:])
-        except OSError:
-            return ""
 
     def _call(self, req: pb.Request, fallback: pb.Response | None = None) -> pb.Response:
         """Send ``req`` and wait for its answer; ``fallback`` is the answer when no agent
@@ -308,9 +222,9 @@ class AgentClient:
                     if early is not None:
                         return early
                 if self._fallback and not self._revive():
-                    raise _Unanswered(self._why)
+                    raise Unanswered(self._why)
                 resp = self._exchange(req)
-            except _Unanswered as exc:
+            except Unanswered as exc:
                 self._fall_back(str(exc))
                 if fallback is not None:
                     return fallback
@@ -338,14 +252,14 @@ class AgentClient:
         it answers now, or ``req`` must wait for it: send it there).
 
         Spawns the agent when none listens. Raises :class:`AgentError` when the spawned
-        agent failed, :class:`_Unanswered` when it did not answer within ``timeout``.
+        agent failed, :class:`Unanswered` when it did not answer within ``timeout``.
         """
         if self._starting is None:
             try:
                 sock = self._connect_once()  # an agent runs: no need to start one
             except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError,
                     BrokenPipeError):  # fmt: skip
-                self._starting = self._claim_start()
+                self._starting = starting.claim_start(self.paths, self._agent_config())
                 self._start_deadline = time.monotonic() + self.timeout
             except OSError:
                 return None  # _exchange deals with it, as it always has
@@ -377,25 +291,6 @@ class AgentClient:
             skipped.add(int(req.get.block))
         return fallback
 
-    def _claim_start(self) -> _Start:
-        """Start the agent, unless another reader process of this machine is starting it
-        (it holds the spawn lock)."""
-        self.paths.cache_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.paths.spawning, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return _Start(self._spawn(), None)  # no lock to be had: start it anyway
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            return _Start(None, None)  # another reader is starting it
-        try:
-            return _Start(self._spawn(), fd)
-        except BaseException:
-            os.close(fd)
-            raise
-
     def _end_start(self) -> None:
         if self._starting is not None:
             self._starting.close()
@@ -413,40 +308,27 @@ class AgentClient:
             if self._probe is not None:
                 self._probe.close()
                 self._probe = None
-            raise AgentError(
-                f"the stoker agent for {self.paths.cache_dir} exited with code "
-                f"{spawned.returncode}; see {self.paths.log}:\n{self._log_tail()}"
-            )
+            raise starting.exited(self.paths, spawned)
         if self._probe is None:
-            self._probe = self._start_probe()
-        if self._probe is not None:
-            try:
-                ready = select.select([self._probe], [], [], 0)[0]
-            except (OSError, ValueError):
-                ready = [self._probe]
-            if ready:
-                probe, self._probe = self._probe, None
-                try:
-                    probe.settimeout(self.connect_timeout)
-                    resp = wire.recv(probe, pb.Response)
-                except (ConnectionError, OSError):
-                    probe.close()  # it went away before answering: try again next time
-                    resp = None
-                if resp is not None and resp.error:
+            self._probe = connection.probe(self.paths)
+        if self._probe is not None and connection.answered(self._probe):
+            probe, self._probe = self._probe, None
+            resp = connection.ack(probe, self.connect_timeout)  # None: gone, try again later
+            if resp is not None:
+                if resp.error:
                     probe.close()
-                    raise _Unanswered(f"refused the connection ({resp.error})")
-                if resp is not None:
-                    probe.settimeout(self.request_timeout)
-                    self._sock = probe
-                    return self._begin()
+                    raise Unanswered(f"refused the connection ({resp.error})")
+                probe.settimeout(self.request_timeout)
+                self._sock = probe
+                return self._begin()
         if spawned is None and self._probe is None:
             # another reader was starting it and none listens: take over if it gave up
-            taken = self._claim_start()
+            taken = starting.claim_start(self.paths, self._agent_config())
             if taken.proc is not None:
                 self._starting = taken
         if time.monotonic() > self._start_deadline:
             self._end_start()
-            raise _Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
+            raise Unanswered(f"did not start within {self.timeout:g} s (see {self.paths.log})")
         return False
 
     def _reopen(self, check: bool = False) -> None:
@@ -480,7 +362,7 @@ class AgentClient:
 
     def _exchange(self, req: pb.Request) -> pb.Response:
         """One request and its answer, reconnecting (and restarting the agent) when the
-        connection breaks; :class:`_Unanswered` when the agent does not answer in time."""
+        connection breaks; :class:`Unanswered` when the agent does not answer in time."""
         deadline = time.monotonic() + self.timeout
         while True:
             fresh = self._sock is None
@@ -495,13 +377,13 @@ class AgentClient:
                     raise
                 self._drop()
                 if isinstance(exc, TimeoutError):
-                    raise _Unanswered(
+                    raise Unanswered(
                         f"did not answer a {req.WhichOneof('kind')} request within "
                         f"{self.request_timeout:g} s"
                     ) from exc
                 self.reconnects += 1
                 if time.monotonic() > deadline:
-                    raise _Unanswered(
+                    raise Unanswered(
                         f"was lost and no agent answered again within {self.timeout:g} s ({exc})"
                     ) from exc
                 if fresh:
@@ -538,22 +420,15 @@ class AgentClient:
             if now < self._next_probe:
                 return False
             self._next_probe = now + self.retry_interval
-            self._probe = self._start_probe()
+            self._probe = connection.probe(self.paths)
             if self._probe is None:
                 return False
         probe = self._probe
-        try:
-            ready = select.select([probe], [], [], 0)[0]
-        except (OSError, ValueError):
-            ready = [probe]  # broken: the read below says so
-        if not ready:
+        if not connection.answered(probe):
             return False
         self._probe = None
-        try:
-            probe.settimeout(self.connect_timeout)
-            resp = wire.recv(probe, pb.Response)
-        except (ConnectionError, OSError):
-            probe.close()
+        resp = connection.ack(probe, self.connect_timeout)
+        if resp is None:
             return False
         if resp.error:
             probe.close()
@@ -567,18 +442,6 @@ class AgentClient:
             return False
         self._fallback = False
         return True
-
-    def _start_probe(self) -> socket.socket | None:
-        """A connection to the agent's socket with its Hello sent; None if none listens."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        try:
-            sock.connect(str(self.paths.socket))
-            wire.send(sock, self._hello())  # a few bytes: fits the socket's buffer
-        except OSError:
-            sock.close()
-            return None
-        return sock
 
     def _request(self, req: pb.Request) -> pb.Response:
         assert self._sock is not None
@@ -597,7 +460,7 @@ class AgentClient:
             if self._probe is not None:
                 self._probe.close()
                 self._probe = None
-        _reap()
+        starting.reap()
 
     # -- requests -------------------------------------------------------------------
     def open(self, url: str, storage_options: dict[str, Any] | None, dataset_id: str) -> None:
