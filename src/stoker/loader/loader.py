@@ -299,8 +299,10 @@ class TokenLoader:
         return self._host_snapshot()
 
     def _host_snapshot(self) -> Snapshot:
+        if self.coordinator is None:
+            return self.dataset.state_snapshot()
         ep = self.last_epoch
-        if self.coordinator is None or ep is None or ep.epoch is None:
+        if ep is None or ep.epoch is None:
             state = self._host_state()  # nothing handed out yet: no call made
             return lambda: dict(state)
         epoch, batches = int(ep.epoch), int(ep.batches)
