@@ -227,13 +227,21 @@ def epoch(url: str, config: str, nw: int, tmp: Path, profile: bool = False) -> d
         )
         first = None
         tokens = first_tokens = 0
-        ids = []
+        # ids in one array filled in place (a small array kept per batch carves glibc's
+        # freed batch-sized chunks: the heap can grow by a batch per batch)
+        ids = np.empty(num_samples, dtype=np.int64)
+        nids = batches = 0
         for batch in loader:
             if first is None:
                 first = time.perf_counter()
                 first_tokens = int(batch["tokens"].numel())
             tokens += int(batch["tokens"].numel())
-            ids.append(batch["sample_id"].numpy().copy())
+            sid = batch["sample_id"].numpy()
+            if nids + len(sid) > len(ids):  # more than an epoch: exactly-once says so below
+                ids = np.concatenate([ids, np.empty(len(ids), dtype=np.int64)])
+            ids[nids : nids + len(sid)] = sid
+            nids += len(sid)
+            batches += 1
         end = time.perf_counter()
         cpu1, coord1 = own_cpu(), None if proc is None else proc_cpu(proc.pid)
     finally:
@@ -244,12 +252,12 @@ def epoch(url: str, config: str, nw: int, tmp: Path, profile: bool = False) -> d
         if proc is not None:
             stop(proc)
     assert first is not None
-    check_exactly_once(np.concatenate(ids), num_samples, f"{config} num_workers={nw}")
+    check_exactly_once(ids[:nids], num_samples, f"{config} num_workers={nw}")
     out = {
         "config": config,
         "num_workers": nw,
-        "samples": int(sum(len(i) for i in ids)),
-        "batches": len(ids),
+        "samples": nids,
+        "batches": batches,
         "tokens": tokens,
         "first_s": first - t0,
         "epoch_s": end - t0,
