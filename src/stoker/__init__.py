@@ -74,6 +74,10 @@ _LAZY = {
 __version__ = "0.1.0"
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> object:
     import importlib
 

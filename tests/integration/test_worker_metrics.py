@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
+import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from stoker import Metered, TokenDataset
 from stoker.observe.export import export_dir
@@ -173,3 +178,54 @@ def test_token_loader_stats_count_what_training_took(small_dataset: Written) -> 
     assert after["tokens"] - before["tokens"] == ds.num_samples * (SEQ_LEN + 1)
     assert 0.0 < after["worker_busy_share"] <= 1.0  # its two workers reported
     assert after["storage"]["bytes"] > before["storage"]["bytes"]  # read by the workers
+
+
+class _Burning(IterableDataset):  # type: ignore[type-arg]
+    """``dataset``'s samples, read in a DataLoader worker beside a thread of its own that
+    burns CPU the whole time (hashing, without the interpreter lock), as a worker's
+    read-ahead threads can."""
+
+    def __init__(self, dataset: TokenDataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        stop = threading.Event()
+        data = bytes(4 << 20)
+
+        def burn() -> None:
+            while not stop.is_set():
+                hashlib.sha256(data).digest()
+
+        t = threading.Thread(target=burn, daemon=True)
+        t.start()
+        try:
+            yield from self.dataset
+        finally:
+            stop.set()
+            t.join()
+
+
+def test_a_worker_waiting_for_its_parent_is_idle_whatever_its_threads_do(
+    small_dataset: Written,
+) -> None:
+    # one worker, far ahead of a training step of 40 ms a batch: it waits for the parent's
+    # next request nearly all the time (well under a tenth of it busy, measured), while a
+    # thread of its own burns a core; that thread's CPU is not the worker's busy time
+    port = serve(0)
+    ds = TokenDataset(
+        str(small_dataset.path), SEQ_LEN, batch_size=4, shard_size=8, window_shards=4, seed=11
+    )
+    before = scrape(port)
+    n = 0
+    for _ in DataLoader(_Burning(ds), batch_size=4, num_workers=1, timeout=120):
+        time.sleep(0.04)  # the training step
+        n += 1
+    after = scrape(port)
+
+    def grew(name: str) -> float:
+        return value(after, name, rank="0", worker="0") - value(before, name, rank="0", worker="0")
+
+    busy = grew("stoker_loader_worker_busy_seconds_total")
+    alive = grew("stoker_loader_worker_alive_seconds_total")
+    assert n > 20 and alive > 0.04 * n / 2
+    assert 0 < busy < 0.5 * alive, (busy, alive)

@@ -342,7 +342,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
 
     def state_snapshot(self) -> Callable[[], dict[str, Any]]:
         """:meth:`state_dict` as of now, cheap enough to take after every batch: the
-        position is copied now, the state made (and checked) when the result is called."""
+        position is copied now, the state made when the result is called."""
         p = self._progress
         if self._pending is not None or self._finished is not None or p is None:
             state = self.state_dict()

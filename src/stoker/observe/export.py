@@ -52,9 +52,11 @@ class WorkerExport:
     plus what the worker does between handing a sample over and asking for the
     next: its thread's CPU time (a wrapped transform, collation) and wait for a
     core (the run queue, from ``/proc/thread-self/schedstat``), and the CPU time
-    of the process's other threads meanwhile (the queue's feeder thread pickles
-    the batch and moves its tensors to shared memory there); waiting for the
-    parent's next request takes none of these and counts as idle.
+    of the result queue's feeder thread meanwhile (it pickles the batch and moves
+    its tensors to shared memory there); waiting for the parent's next request
+    takes none of these and counts as idle, whatever other threads of the worker
+    do meanwhile (stoker's block threads reading ahead count as their own busy
+    time, ``stoker_loader_thread_busy_seconds``).
     """
 
     def __init__(self, rank: int, worker: int) -> None:
@@ -63,8 +65,9 @@ class WorkerExport:
         self.born = time.monotonic()
         self.inside = 0.0  # wall seconds inside the dataset's iterator
         self.outside_cpu = 0.0  # thread CPU seconds between a hand-over and the next ask
-        self.outside_others = 0.0  # other threads' CPU seconds meanwhile
-        # (thread, process) CPU times at the last hand-over
+        self.outside_others = 0.0  # the queue feeder thread's CPU seconds meanwhile
+        self.feeder: _Schedstat | None = None  # found once the queue has started it
+        # (thread, feeder) CPU times at the last hand-over
         self.handed: tuple[float, float] | None = None
         self.written = 0.0
         self.sched = _Schedstat()
@@ -81,14 +84,26 @@ class WorkerExport:
         if now - self.written >= EXPORT_INTERVAL:
             self.write()
             self.written = now
-        self.handed = time.thread_time(), time.process_time()
+        self.handed = time.thread_time(), self._feeder_cpu()
 
     def resumed(self) -> None:
         """The worker asks for the next sample."""
         if self.handed is not None:
-            thread = time.thread_time() - self.handed[0]
-            self.outside_cpu += thread
-            self.outside_others += max(0.0, time.process_time() - self.handed[1] - thread)
+            self.outside_cpu += time.thread_time() - self.handed[0]
+            self.outside_others += self._feeder_cpu() - self.handed[1]
+
+    def _feeder_cpu(self) -> float:
+        """CPU seconds of the thread that sends the worker's results to its parent (a
+        multiprocessing queue's feeder, started at the queue's first put); 0 before it."""
+        if self.feeder is None:
+            tid = next(
+                (t.native_id for t in threading.enumerate() if t.name == _FEEDER),
+                None,
+            )
+            if tid is None:
+                return 0.0
+            self.feeder = _Schedstat(f"/proc/self/task/{tid}/schedstat", own=False)
+        return self.feeder.read()[0]
 
     def busy(self, alive: float) -> float:
         cpu, delay = (a - b for a, b in zip(self.sched.read(), self.sched0, strict=True))
@@ -123,7 +138,7 @@ def busy_seconds(
     """A worker's busy seconds: ``inside`` (its thread's wall seconds in the dataset's
     iterator), ``outside_cpu`` (the thread's CPU seconds outside it), the thread's total
     ``cpu`` and run-queue ``delay`` seconds, and ``outside_others`` (the CPU seconds of
-    the process's other threads while the thread was outside the iterator). The delay
+    the worker's result-queue feeder while the thread was outside the iterator). The delay
     outside the iterator is what ``delay`` leaves after the iterator's own time off the
     CPU (blocked or waiting for a core), so it is never counted twice; at most ``alive``."""
     inside_off_cpu = max(0.0, inside - max(0.0, cpu - outside_cpu))
@@ -159,13 +174,19 @@ def worker_export(rank: int, worker: int) -> WorkerExport:
     return cur
 
 
-class _Schedstat:
-    """This thread's CPU time and run-queue wait (seconds), from
-    ``/proc/thread-self/schedstat``; the CPU clock and no wait where there is none."""
+#: The name multiprocessing gives a queue's feeder thread.
+_FEEDER = "QueueFeederThread"
 
-    def __init__(self) -> None:
+
+class _Schedstat:
+    """A thread's CPU time and run-queue wait (seconds), from its ``schedstat`` (by
+    default the calling thread's); where there is none, the CPU clock and no wait for
+    the calling thread (``own``), nothing for another."""
+
+    def __init__(self, path: str = "/proc/thread-self/schedstat", own: bool = True) -> None:
+        self.own = own
         try:
-            self.fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            self.fd: int | None = os.open(path, os.O_RDONLY)
         except OSError:
             self.fd = None
         else:
@@ -176,7 +197,7 @@ class _Schedstat:
             with contextlib.suppress(OSError, ValueError):
                 cpu, delay, _ = os.pread(self.fd, 128, 0).split()
                 return int(cpu) / 1e9, int(delay) / 1e9
-        return time.thread_time(), 0.0
+        return (time.thread_time() if self.own else 0.0), 0.0
 
 
 class Exported:
