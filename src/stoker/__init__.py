@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from stoker.device import DevicePrefetcher
     from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
     from stoker.formats.tokens import TokenSource
+    from stoker.formats.verify import verify
     from stoker.loader.dataset import TokenDataset
     from stoker.loader.loader import TokenLoader
     from stoker.loader.masks import cu_seqlens, doc_starts
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from stoker.observe.metered import Metered
     from stoker.plan import ShuffleConfig
     from stoker.storage import RetryPolicy, Storage
+    from stoker.tokenizing import build_tokens
 
 #: Names imported when first asked for (name -> module, or module and the name there):
 #: torch (the loader, the device tier) takes seconds to import, numpy and the storage
@@ -66,6 +68,8 @@ _LAZY = {
     "TokenSource": "stoker.formats.tokens",
     "TokenWriter": "stoker.formats.token_writer",
     "WriteOptions": "stoker.formats.token_writer",
+    "build_tokens": "stoker.tokenizing",
+    "verify": "stoker.formats.verify",
     "cu_seqlens": "stoker.loader.masks",
     "doc_starts": "stoker.loader.masks",
     "write_tokens": "stoker.formats.token_writer",
@@ -127,7 +131,9 @@ __all__ = [
     "WorkerError",
     "WriteOptions",
     "__version__",
+    "build_tokens",
     "cu_seqlens",
     "doc_starts",
+    "verify",
     "write_tokens",
 ]

@@ -32,6 +32,25 @@ VOCAB = 4096
 _DOCSTRING = re.compile(r'"""(.{80,}?)"""', re.DOTALL)
 
 
+def train_tokenizer(path: Path, texts: list[str], vocab_size: int) -> Path:
+    """Train a byte-level BPE tokenizer (end of document ``<|endoftext|>``) on ``texts``
+    and save it at ``path`` (needs ``stoker[build]``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+    return path
+
+
 def stdlib_docstrings(limit_bytes: int = DEMO_TEXT_BYTES) -> list[str]:
     """Triple-quoted strings (docstrings, mostly) of the standard library, in a fixed order."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -56,7 +75,6 @@ def stdlib_docstrings(limit_bytes: int = DEMO_TEXT_BYTES) -> list[str]:
 
 def prepare(workdir: Path) -> Path:
     """Corpus, tokenizer and dataset under ``workdir``; returns the dataset path."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from stoker.cli import main as cli_main
 
@@ -66,18 +84,7 @@ def prepare(workdir: Path) -> Path:
     with corpus.open("w", encoding="utf-8") as fh:
         for text in texts:
             fh.write(json.dumps({"text": text}) + "\n")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<|endoftext|>"],
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(texts, trainer)
-    tok_path = workdir / "tokenizer.json"
-    tok.save(str(tok_path))
+    tok_path = train_tokenizer(workdir / "tokenizer.json", texts, VOCAB)
     out = workdir / "dataset"
     print(
         f"[demo] corpus: {len(texts):,} docstrings of the Python standard library "

@@ -6,7 +6,11 @@
 - ``.parquet``: one document per row of ``text_column``.
 
 Compressed variants (``.gz``, ``.zst``, ``.bz2``, ``.xz``) are read through
-fsspec's compression inference. Errors name the file and line or row.
+fsspec's compression inference. Errors name the file and line or row. Given a
+``skip`` callback, an unreadable document (a line that is not the JSON object
+asked for, a value that is not text, text that is not UTF-8, a parquet file
+that cannot be read) and an empty file are reported to it and left out instead
+of raised; a file that is not there, or of an unknown type, always raises.
 Reading ``.parquet`` needs ``stoker[parquet]`` (pyarrow), sources on S3
 ``stoker[s3]``: each is an ``InputError`` naming the extra, before any work.
 
@@ -31,6 +35,8 @@ from stoker.errors import InputError
 from stoker.extras import backend_error, require
 
 Progress = Callable[[int], None]
+#: Told what was left out and why (a message naming the file and line, row or byte).
+Skip = Callable[[str], None]
 
 KINDS = (".txt", ".jsonl", ".json", ".parquet")
 
@@ -62,10 +68,11 @@ def _url_to_fs(path: str, storage_options: dict[str, Any] | None) -> tuple[Any, 
 
 
 def check_sources(
-    paths: list[str], storage_options: dict[str, Any] | None = None
+    paths: list[str], storage_options: dict[str, Any] | None = None, skip: Skip | None = None
 ) -> list[tuple[str, int]]:
-    """Each source and its size; fails before any work if a source is missing, empty,
-    of an unknown type, or needs a package that is not installed."""
+    """Each source and its size; fails before any work if a source is missing, empty
+    (unless ``skip`` is given: then it is left out and reported), of an unknown type, or
+    needs a package that is not installed."""
     if not paths:
         raise InputError("no input files given")
     out = []
@@ -78,7 +85,10 @@ def check_sources(
         except FileNotFoundError as exc:
             raise InputError(f"{path}: input file not found") from exc
         if not size:
-            raise InputError(f"{path}: input file is empty")
+            if skip is None:
+                raise InputError(f"{path}: input file is empty")
+            skip(f"{path}: input file is empty")
+            continue
         out.append((path, int(size)))
     return out
 
@@ -88,18 +98,28 @@ def iter_texts(
     opts: SourceOptions,
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    skip: Skip | None = None,
 ) -> Iterator[str]:
-    """Documents of one source, in order; ``progress(bytes_read)`` as the file is read."""
+    """Documents of one source, in order; ``progress(bytes_read)`` as the file is read;
+    unreadable documents raise, or go to ``skip`` (see the module's docstring)."""
     kind = kind_of(path)
     if kind == ".parquet":
-        yield from _parquet(path, opts, storage_options, progress)
+        yield from _parquet(path, opts, storage_options, progress, skip)
         return
     fs, fpath = _url_to_fs(path, storage_options)
     comp = infer_compression(path)
     with fs.open(fpath, "rb") as raw:
         stream = compr[comp](raw, mode="rb") if comp else raw
         with io.TextIOWrapper(stream, encoding="utf-8") as fh:
-            yield from _read_text(path, fh, kind, opts, raw.tell, progress)
+            try:
+                yield from _read_text(path, fh, kind, opts, raw.tell, progress, skip)
+            except UnicodeDecodeError as exc:  # the rest of the file cannot be read as text
+                what = (
+                    f"{path}: not UTF-8 text (near byte {raw.tell():,} of the file: {exc.reason})"
+                )
+                if skip is None:
+                    raise InputError(what) from exc
+                skip(f"{what}; the rest of the file is left out")
 
 
 def _read_text(
@@ -109,6 +129,7 @@ def _read_text(
     opts: SourceOptions,
     tell: Callable[[], int],
     progress: Progress | None,
+    skip: Skip | None = None,
 ) -> Iterator[str]:
     """The documents of one opened text source (``tell``: bytes of the file read)."""
     if kind == ".jsonl":
@@ -117,7 +138,14 @@ def _read_text(
                 progress(tell())
             if not line.strip():
                 continue
-            yield _json_text(path, lineno, line, opts.text_field)
+            try:
+                text = _json_text(path, lineno, line, opts.text_field)
+            except InputError as exc:
+                if skip is None:
+                    raise
+                skip(str(exc))
+                continue
+            yield text
     elif opts.txt_split == "file":
         yield fh.read()
     elif opts.txt_split == "line":
@@ -174,6 +202,7 @@ def _parquet(
     opts: SourceOptions,
     storage_options: dict[str, Any] | None,
     progress: Progress | None,
+    skip: Skip | None = None,
 ) -> Iterator[str]:
     pq = require("pyarrow.parquet", "parquet", f"{path}: reading .parquet", InputError)
     fs, fpath = _url_to_fs(path, storage_options)
@@ -182,7 +211,11 @@ def _parquet(
         try:
             pf = pq.ParquetFile(fh)
         except Exception as exc:
-            raise InputError(f"{path}: not a readable parquet file ({exc})") from exc
+            what = f"{path}: not a readable parquet file ({exc})"
+            if skip is None:
+                raise InputError(what) from exc
+            skip(what)
+            return
         if opts.text_column not in pf.schema_arrow.names:
             raise InputError(
                 f"{path}: no column {opts.text_column!r} (columns: {', '.join(pf.schema_arrow.names)})"
@@ -190,9 +223,19 @@ def _parquet(
         rows = max(1, pf.metadata.num_rows)
         done = 0
         for batch in pf.iter_batches(columns=[opts.text_column], batch_size=1024):
-            for text in batch.column(0).to_pylist():
-                if text is not None:
-                    yield text
+            for row, text in enumerate(batch.column(0).to_pylist(), done):
+                if text is None:
+                    continue
+                if not isinstance(text, str):
+                    what = (
+                        f"{path}, row {row}: column {opts.text_column!r} holds a "
+                        f"{type(text).__name__}, not text"
+                    )
+                    if skip is None:
+                        raise InputError(what)
+                    skip(what)
+                    continue
+                yield text
             done += batch.num_rows
             if progress is not None:
                 progress(size * done // rows)  # bytes in proportion to the rows read

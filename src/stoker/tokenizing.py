@@ -12,12 +12,12 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from stoker.errors import InputError
+from stoker.errors import ConfigError, InputError
 from stoker.extras import require
 from stoker.formats.token_writer import TokenWriter, WriteOptions, tokenizer_info
 from stoker.ingest import SourceOptions, check_sources, iter_texts
@@ -90,6 +90,17 @@ class BuildStats:
     seconds: float = 0.0
     source_bytes: int = 0
     total_bytes: int = 0
+    skipped: int = 0  # documents and files left out (``on_error="skip"``)
+    skipped_reasons: list[str] = field(default_factory=list)  # the first SKIP_REASONS
+
+    def skip(self, why: str) -> None:
+        self.skipped += 1
+        if len(self.skipped_reasons) < SKIP_REASONS:
+            self.skipped_reasons.append(why)
+
+
+#: How many of the reasons for left-out documents a build keeps (all are counted).
+SKIP_REASONS = 20
 
 
 def _batches(
@@ -98,6 +109,7 @@ def _batches(
     storage_options: dict[str, Any] | None,
     stats: BuildStats,
     ends: deque[int],
+    skipping: bool = False,
 ) -> Iterator[list[str]]:
     """Batches of documents; before each, the source bytes read up to its end go in ``ends``
     (a pool may read batches ahead: the caller counts a batch's bytes when it is written)."""
@@ -109,8 +121,9 @@ def _batches(
         nonlocal read
         read = before + n
 
+    skip = stats.skip if skipping else None
     for path, size in sources:
-        for text in iter_texts(path, opts, storage_options, progress):
+        for text in iter_texts(path, opts, storage_options, progress, skip):
             stats.text_bytes += len(text.encode("utf-8", "ignore"))
             batch.append(text)
             if len(batch) >= _BATCH_DOCS:
@@ -137,14 +150,29 @@ def build_tokens(
     source_storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     progress: Callable[[BuildStats], None] | None = None,
+    on_error: str = "raise",
 ) -> tuple[Manifest, BuildStats]:
-    """Tokenize ``sources`` with the tokenizer file and write a dataset at ``out``.
+    """Tokenize ``sources`` (``.txt``, ``.jsonl``, ``.parquet``; any fsspec URL) with the
+    tokenizer file and write a token dataset at ``out``; its manifest and the build's
+    counts.
 
-    ``progress(stats)`` is called after each batch of documents is written.
+    ``progress(stats)`` is called after each batch of documents is written. With
+    ``on_error="skip"``, an unreadable document (a ``.jsonl`` line that is not the JSON
+    object asked for, a value that is not text, text that is not UTF-8, an unreadable
+    parquet file) or an empty file is left out and counted (``stats.skipped``, the first
+    reasons in ``stats.skipped_reasons``) instead of ending the build with an
+    :class:`~stoker.errors.InputError`; a missing file or an unknown input type still
+    fails before any work.
     """
+    if on_error not in ("raise", "skip"):
+        raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    skipping = on_error == "skip"
     tokenizer = load_tokenizer(tokenizer_path)
     eos_name, eos_id = eos_of(tokenizer, tokenizer_path, eos_token)
-    sized = check_sources(sources, source_storage_options)
+    early: list[str] = []  # empty files, left out before the stats exist
+    sized = check_sources(sources, source_storage_options, early.append if skipping else None)
+    if not sized:
+        raise InputError(f"no input left to build from: {'; '.join(early)}")
     info, tok_json = tokenizer_info(tokenizer_path, eos_name)
     writer = TokenWriter(
         out,
@@ -157,13 +185,15 @@ def build_tokens(
         overwrite=overwrite,
     )
     stats = BuildStats(total_bytes=sum(size for _, size in sized))
+    for why in early:
+        stats.skip(why)
     start = time.perf_counter()
     workers = workers or max(1, mp.cpu_count())
     ends: deque[int] = deque()
     if progress is not None:
         progress(stats)  # the total, before any work
     batches = _batches(
-        sized, source_options or SourceOptions(), source_storage_options, stats, ends
+        sized, source_options or SourceOptions(), source_storage_options, stats, ends, skipping
     )
     with writer:
         if workers == 1:

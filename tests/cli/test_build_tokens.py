@@ -11,10 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
 import stoker
 from stoker.cli import main
+from stoker.demo import train_tokenizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -27,19 +28,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>"],
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(TEXTS, trainer)
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json", TEXTS, 400)
 
 
 def expected_stream(tokenizer_file: Path, texts: list[str]) -> np.ndarray:

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import stoker
+from stoker.demo import train_tokenizer
 from stoker.errors import InputError
 from stoker.tokenizing import _BATCH_DOCS, BuildStats, build_tokens
 
@@ -31,19 +31,9 @@ WORDS = [
 
 @pytest.fixture(scope="module")
 def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    return train_tokenizer(
+        tmp_path_factory.mktemp("tok") / "tokenizer.json", [" ".join(WORDS)] * 10, 300
     )
-    tok.train_from_iterator([" ".join(WORDS)] * 10, trainer)
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(path))
-    return path
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

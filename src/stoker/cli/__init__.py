@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workers", type=int, help="tokenizer processes (default: CPU count)")
     b.add_argument("--storage-options", help="JSON object of fsspec options for --out")
     b.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    b.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="an unreadable document or an empty input file: stop the build (raise) or "
+        "leave it out and count it (skip)",
+    )
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(func=tokens.cmd_build_tokens)
 
@@ -87,6 +94,22 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--offset", type=int, default=0, help="first token of the sample shown")
     i.add_argument("--sample-tokens", type=int, default=64)
     i.set_defaults(func=tokens.cmd_inspect)
+
+    v = sub.add_parser(
+        "verify",
+        help="check every block of a token dataset (checksums, then decoded) before a long run",
+    )
+    v.add_argument("url")
+    v.add_argument("--storage-options", help="JSON object of fsspec options")
+    v.add_argument(
+        "--decode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also decode each block and hold it to the manifest (default: yes)",
+    )
+    v.add_argument("--workers", type=int, default=4, help="blocks checked at a time")
+    v.add_argument("--quiet", action="store_true", help="no progress bar")
+    v.set_defaults(func=tokens.cmd_verify)
 
     d = sub.add_parser("demo", help="build a small dataset and train a tiny model on 2 CPU ranks")
     d.add_argument("--steps", type=int, default=60)

@@ -1,4 +1,4 @@
-"""``stoker build-tokens`` and ``stoker inspect``."""
+"""``stoker build-tokens``, ``stoker inspect`` and ``stoker verify``."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ def cmd_build_tokens(args: argparse.Namespace) -> int:
             storage_options=_storage_options(args.storage_options),
             overwrite=args.overwrite,
             progress=progress,
+            on_error=args.on_error,
         )
     finally:
         for bar in bars:
@@ -83,6 +84,12 @@ def cmd_build_tokens(args: argparse.Namespace) -> int:
         f"({manifest.compressed_bytes / manifest.raw_bytes:.3f} of raw {manifest.dtype}) "
         f"in {stats.seconds:.1f} s ({stats.text_bytes / max(stats.seconds, 1e-9) / 1e6:.1f} MB/s of text)"
     )
+    if stats.skipped:
+        print(f"left out {stats.skipped:,} unreadable document(s) or empty file(s):")
+        for why in stats.skipped_reasons:
+            print(f"  {why}")
+        if stats.skipped > len(stats.skipped_reasons):
+            print(f"  ... and {stats.skipped - len(stats.skipped_reasons):,} more")
     return 0
 
 
@@ -132,3 +139,50 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if m.tokenizer is not None and m.tokenizer.path is not None:
             print("(to see it decoded: pip install 'stoker[build]')")
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from stoker.formats.tokens import TokenSource
+    from stoker.formats.verify import verify
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is optional (stoker[build] brings tqdm)
+        tqdm = None
+    total = TokenSource(args.url, _storage_options(args.storage_options)).manifest.num_blocks
+    bar = (
+        tqdm(total=total, unit="block", dynamic_ncols=True)
+        if tqdm is not None and not args.quiet
+        else None
+    )
+
+    def progress(blocks: int, nbytes: int) -> None:
+        if bar is not None:
+            bar.set_postfix_str(_size(nbytes), refresh=False)
+            bar.update(blocks - bar.n)
+
+    try:
+        report = verify(
+            args.url,
+            _storage_options(args.storage_options),
+            decode=args.decode,
+            workers=args.workers,
+            progress=progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    what = "checksums and decoded contents" if report.decoded else "checksums"
+    for bad in report.bad:
+        print(f"bad: {bad}")
+    if report.ok:
+        print(
+            f"verified {report.url}: all {report.blocks:,} blocks good ({what}; "
+            f"{_size(report.bytes)} in {report.seconds:.1f} s)"
+        )
+        return 0
+    print(
+        f"{report.url}: {len(report.bad):,} of {report.blocks:,} blocks bad ({what} checked; "
+        f"{_size(report.bytes)} read in {report.seconds:.1f} s)"
+    )
+    return 1
