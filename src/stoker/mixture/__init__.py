@@ -1,0 +1,1 @@
+"""Mixtures of datasets: the pure parts (weight schedules, per-step apportionment)."""
