@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from stoker.cache import BlockCache, DiskCache, NullCache
     from stoker.cache.client import AgentClient
     from stoker.cache.config import AgentConfig
+    from stoker.converters import convert
     from stoker.coordinator.client import CoordinatorClient
     from stoker.coordinator.model import Config as LeaseConfig
     from stoker.device import DevicePrefetcher
@@ -69,6 +70,7 @@ _LAZY = {
     "TokenWriter": "stoker.formats.token_writer",
     "WriteOptions": "stoker.formats.token_writer",
     "build_tokens": "stoker.tokenizing",
+    "convert": "stoker.converters",
     "verify": "stoker.formats.verify",
     "cu_seqlens": "stoker.loader.masks",
     "doc_starts": "stoker.loader.masks",
@@ -132,6 +134,7 @@ __all__ = [
     "WriteOptions",
     "__version__",
     "build_tokens",
+    "convert",
     "cu_seqlens",
     "doc_starts",
     "verify",

@@ -95,6 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--sample-tokens", type=int, default=64)
     i.set_defaults(func=tokens.cmd_inspect)
 
+    cv = sub.add_parser(
+        "convert", help="convert a dataset in another tool's format into a token dataset"
+    )
+    cv.add_argument("src", help="the source (a Megatron dataset: its prefix, .idx or .bin)")
+    cv.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
+    cv.add_argument("--from", dest="source_format", choices=("megatron",),
+                    help="the source's format (default: told from what is there)")  # fmt: skip
+    cv.add_argument("--vocab-size", type=int,
+                    help="the vocabulary's size (default: the largest token id + 1)")  # fmt: skip
+    cv.add_argument("--eos-id", type=int, help="the end-of-document token, recorded")
+    cv.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
+    cv.add_argument("--level", type=int, default=DEFAULT_LEVEL, help="zstd level")
+    cv.add_argument("--storage-options", help="JSON object of fsspec options for --out")
+    cv.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    cv.add_argument("--quiet", action="store_true", help="no progress bar")
+    cv.set_defaults(func=tokens.cmd_convert)
+
     v = sub.add_parser(
         "verify",
         help="check every block of a token dataset (checksums, then decoded) before a long run",

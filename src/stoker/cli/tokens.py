@@ -1,4 +1,4 @@
-"""``stoker build-tokens``, ``stoker inspect`` and ``stoker verify``."""
+"""``stoker build-tokens``, ``stoker convert``, ``stoker inspect`` and ``stoker verify``."""
 
 from __future__ import annotations
 
@@ -186,3 +186,47 @@ def cmd_verify(args: argparse.Namespace) -> int:
         f"{_size(report.bytes)} read in {report.seconds:.1f} s)"
     )
     return 1
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from stoker.converters import ConvertStats, convert
+    from stoker.formats.token_writer import WriteOptions
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is optional (stoker[build] brings tqdm)
+        tqdm = None
+    bars: list[Any] = []
+
+    def progress(stats: ConvertStats) -> None:
+        if tqdm is None or args.quiet:
+            return
+        if not bars:
+            bars.append(tqdm(total=stats.total_tokens, unit="tok", unit_scale=True,
+                             dynamic_ncols=True))  # fmt: skip
+        bars[0].set_postfix_str(f"{stats.documents:,} docs", refresh=False)
+        bars[0].update(stats.tokens - bars[0].n)
+
+    try:
+        manifest, stats = convert(
+            args.src,
+            args.out,
+            source_format=args.source_format,
+            vocab_size=args.vocab_size,
+            eos_id=args.eos_id,
+            write_options=WriteOptions(block_tokens=args.block_tokens, level=args.level),
+            storage_options=_storage_options(args.storage_options),
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    finally:
+        for bar in bars:
+            bar.close()
+    print(
+        f"wrote {args.out}: {manifest.num_documents:,} documents, {manifest.num_tokens:,} "
+        f"tokens, {manifest.num_blocks:,} blocks, {_size(manifest.compressed_bytes)} "
+        f"(vocab {manifest.vocab_size:,}) from {stats.documents:,} documents in "
+        f"{stats.seconds:.1f} s ({stats.input_bytes / max(stats.seconds, 1e-9) / 1e6:.1f} MB/s "
+        "of input)" + (f"; {stats.empty:,} empty documents hold no token" if stats.empty else "")
+    )
+    return 0
