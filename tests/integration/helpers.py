@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
@@ -189,3 +190,12 @@ def reap(proc: subprocess.Popen[Any], timeout: float | None = None) -> int:
     except BrokenPipeError:
         pass  # what was left to write to its stdin: it is gone
     return proc.wait(timeout)
+
+
+def read_documents(url: str) -> list[np.ndarray]:
+    """The documents of a token dataset, by its recorded document starts."""
+    src = stoker.TokenSource(url)
+    m = src.manifest
+    toks = src.tokens(0, m.num_tokens)
+    bounds = [int(s) + b * m.block_tokens for b in range(m.num_blocks) for s in src.block(b)[1]]
+    return [toks[lo:hi] for lo, hi in itertools.pairwise([*bounds, m.num_tokens])]

@@ -5,7 +5,6 @@ kept, and bad inputs named by file and offset."""
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import struct
 import subprocess
 import sys
@@ -13,12 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from stoker.converters import convert
 
 import stoker
+from stoker.converters import convert
 from stoker.errors import InputError
 
 from ._megatron_docs import EOD, documents
+from .helpers import read_documents
 
 if importlib.util.find_spec("megatron") is None:  # not imported here: the writer runs apart
     pytest.skip("megatron-core (a test dependency) writes the inputs", allow_module_level=True)
@@ -44,15 +44,6 @@ def expected(seed: int = 3, n: int = 300, vocab: int = 50_000) -> list[np.ndarra
         np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
         for seqs in documents(seed, n, vocab)
     ]
-
-
-def read_documents(url: str) -> list[np.ndarray]:
-    """The documents of a token dataset, by its recorded document starts."""
-    src = stoker.TokenSource(url)
-    m = src.manifest
-    toks = src.tokens(0, m.num_tokens)
-    bounds = [int(s) + b * m.block_tokens for b in range(m.num_blocks) for s in src.block(b)[1]]
-    return [toks[lo:hi] for lo, hi in itertools.pairwise([*bounds, m.num_tokens])]
 
 
 @pytest.mark.parametrize("named", ["prefix", "idx", "bin"])

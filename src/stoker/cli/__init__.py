@@ -98,9 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     cv = sub.add_parser(
         "convert", help="convert a dataset in another tool's format into a token dataset"
     )
-    cv.add_argument("src", help="the source (a Megatron dataset: its prefix, .idx or .bin)")
+    cv.add_argument(
+        "src",
+        help="the source: a Megatron dataset (its prefix, .idx or .bin), a Hugging Face "
+        "dataset saved to disk (its directory), parquet (a file or a directory), .arrow",
+    )
     cv.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
-    cv.add_argument("--from", dest="source_format", choices=("megatron",),
+    cv.add_argument("--column", help="the token-id column of Arrow / parquet data "
+                    "(default: input_ids, tokens, token_ids or ids)")  # fmt: skip
+    cv.add_argument("--from", dest="source_format", choices=("megatron", "hf", "parquet", "arrow"),
                     help="the source's format (default: told from what is there)")  # fmt: skip
     cv.add_argument("--vocab-size", type=int,
                     help="the vocabulary's size (default: the largest token id + 1)")  # fmt: skip

@@ -202,16 +202,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
         if tqdm is None or args.quiet:
             return
         if not bars:
-            bars.append(tqdm(total=stats.total_tokens, unit="tok", unit_scale=True,
+            bars.append(tqdm(total=stats.total_documents, unit="doc", unit_scale=True,
                              dynamic_ncols=True))  # fmt: skip
-        bars[0].set_postfix_str(f"{stats.documents:,} docs", refresh=False)
-        bars[0].update(stats.tokens - bars[0].n)
+        bars[0].set_postfix_str(f"{stats.tokens:,} tokens", refresh=False)
+        bars[0].update(stats.documents - bars[0].n)
 
     try:
         manifest, stats = convert(
             args.src,
             args.out,
             source_format=args.source_format,
+            column=args.column,
             vocab_size=args.vocab_size,
             eos_id=args.eos_id,
             write_options=WriteOptions(block_tokens=args.block_tokens, level=args.level),

@@ -10,9 +10,9 @@ they are (an end-of-document token the source stored stays, none is added).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,19 +20,29 @@ from stoker.errors import ConfigError, InputError
 from stoker.formats.token_writer import TokenWriter, WriteOptions
 from stoker.manifest import Manifest
 
-FORMATS = ("megatron",)
+FORMATS = ("megatron", "hf", "parquet", "arrow")
+
+
+class Documents(Protocol):
+    """What a converter reads: documents in order, each with where it is."""
+
+    @property
+    def total_documents(self) -> int | None: ...
+
+    def documents(self) -> Iterator[tuple[np.ndarray, str]]: ...
+
+    def largest(self) -> int: ...
 
 
 @dataclass
 class ConvertStats:
-    """Progress of a conversion: ``documents`` of ``total_documents`` and ``tokens`` of
-    ``total_tokens`` read; ``empty`` documents hold no token (nothing is stored for
-    them); ``input_bytes`` of the source read."""
+    """Progress of a conversion: ``documents`` read (of ``total_documents``, when the
+    source says); ``empty`` documents hold no token (nothing is stored for them);
+    ``tokens`` and ``input_bytes`` (the tokens as the source stores them) read."""
 
     documents: int = 0
-    total_documents: int = 0
+    total_documents: int | None = None
     tokens: int = 0
-    total_tokens: int = 0
     empty: int = 0
     input_bytes: int = 0
     seconds: float = 0.0
@@ -40,14 +50,34 @@ class ConvertStats:
 
 def detect(src: str) -> str:
     """The format of ``src``, from what is there."""
-    from stoker.converters import megatron
+    from stoker.converters import arrow, megatron
 
     if megatron.is_megatron(src):
         return "megatron"
+    kind = arrow.kind_of(src)
+    if kind is not None:
+        return kind
     raise InputError(
         f"{src}: cannot tell its format (known: {', '.join(FORMATS)}); a Megatron dataset "
-        "is named by its prefix, its .idx or its .bin; or pass --from"
+        "is named by its prefix, its .idx or its .bin, a Hugging Face dataset by the "
+        "directory save_to_disk wrote; or pass --from"
     )
+
+
+def open_documents(
+    src: str, source_format: str | None = None, column: str | None = None
+) -> Documents:
+    """The documents of ``src`` in ``source_format`` (default: told from what is there)."""
+    fmt = source_format or detect(src)
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown source format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt == "megatron":
+        from stoker.converters import megatron
+
+        return megatron.open_index(src)
+    from stoker.converters import arrow
+
+    return arrow.open_source(src, fmt, column)
 
 
 def convert(
@@ -55,6 +85,7 @@ def convert(
     out: str,
     *,
     source_format: str | None = None,
+    column: str | None = None,
     vocab_size: int | None = None,
     eos_id: int | None = None,
     write_options: WriteOptions | None = None,
@@ -65,20 +96,19 @@ def convert(
     """Convert the dataset at ``src`` into a token dataset at ``out``; its manifest and
     the conversion's counts.
 
-    ``vocab_size`` defaults to one more than the largest token id (a pass over the
-    tokens first); ``eos_id`` is recorded in the manifest when given (the tokens are
-    not changed). ``progress(stats)`` is called as documents are written.
+    ``source_format``: ``megatron`` (a ``.bin`` + ``.idx``), ``hf`` (a Hugging Face
+    dataset saved to disk), ``parquet`` or ``arrow``; by default told from what is
+    there. ``column``: the token-id column of Arrow and parquet data (default: the
+    first of ``input_ids``, ``tokens``, ``token_ids``, ``ids``). ``vocab_size``
+    defaults to one more than the largest token id (a pass over the tokens first);
+    ``eos_id`` is recorded in the manifest when given (the tokens are not changed).
+    ``progress(stats)`` is called as documents are written.
     """
-    fmt = source_format or detect(src)
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown source format {fmt!r} (known: {', '.join(FORMATS)})")
-    from stoker.converters import megatron
-
-    index = megatron.open_index(src)
-    stats = ConvertStats(total_documents=index.num_documents, total_tokens=index.num_tokens)
+    source = open_documents(src, source_format, column)
+    stats = ConvertStats(total_documents=source.total_documents)
     start = time.perf_counter()
     if vocab_size is None:
-        vocab_size = _largest(index.tokens, index.bin_path) + 1
+        vocab_size = source.largest() + 1
     writer = TokenWriter(
         out,
         vocab_size=vocab_size,
@@ -88,38 +118,23 @@ def convert(
         storage_options=storage_options,
         overwrite=overwrite,
     )
-    item = index.dtype.itemsize
-    step = max(1, index.num_documents // 1000)
+    last = start
     with writer:
-        for d, doc in enumerate(index.documents()):
+        for doc, where in source.documents():
             try:
                 writer.add(doc)
             except InputError as exc:
-                raise InputError(
-                    f"{index.bin_path}: document {d} (tokens from byte "
-                    f"{stats.tokens * item}): {exc}"
-                ) from exc
+                raise InputError(f"{where}: {exc}") from exc
             stats.documents += 1
             stats.tokens += len(doc)
+            stats.input_bytes += doc.nbytes
             stats.empty += not len(doc)
-            if progress is not None and (d % step == 0 or d + 1 == index.num_documents):
-                stats.input_bytes = stats.tokens * item
-                stats.seconds = time.perf_counter() - start
+            now = time.perf_counter()
+            if progress is not None and now - last >= 0.1:
+                stats.seconds, last = now - start, now
                 progress(stats)
     assert writer.manifest is not None
-    stats.input_bytes = stats.tokens * item
     stats.seconds = time.perf_counter() - start
+    if progress is not None:
+        progress(stats)
     return writer.manifest, stats
-
-
-def _largest(tokens: np.ndarray, where: str) -> int:
-    """The largest token id (a pass in chunks); refuses a negative one."""
-    top, chunk = 0, 1 << 24
-    for lo in range(0, len(tokens), chunk):
-        part = tokens[lo : lo + chunk]
-        if len(part):
-            if int(part.min()) < 0:
-                at = lo + int(np.argmin(part))
-                raise InputError(f"{where}: token {at} is {int(tokens[at])}, a negative id")
-            top = max(top, int(part.max()))
-    return top

@@ -71,17 +71,40 @@ class MegatronIndex:
     def num_tokens(self) -> int:
         return len(self.tokens)
 
-    def documents(self) -> Iterator[np.ndarray]:
-        """Each document's tokens, in order (views of the mapped ``.bin``)."""
+    @property
+    def total_documents(self) -> int:
+        return self.num_documents
+
+    def documents(self) -> Iterator[tuple[np.ndarray, str]]:
+        """Each document's tokens, in order (views of the mapped ``.bin``), and where it
+        is, for messages."""
         item = self.dtype.itemsize
         for d in range(self.num_documents):
             s0, s1 = int(self.bounds[d]), int(self.bounds[d + 1])
             if s0 == s1:
-                yield self.tokens[:0]
+                yield self.tokens[:0], f"{self.bin_path}: document {d}"
                 continue
             lo = int(self.pointers[s0]) // item
             hi = int(self.pointers[s1 - 1]) // item + int(self.lengths[s1 - 1])
-            yield self.tokens[lo:hi]
+            yield (
+                self.tokens[lo:hi],
+                f"{self.bin_path}: document {d} (tokens from byte {lo * item})",
+            )
+
+    def largest(self) -> int:
+        """The largest token id (a pass in chunks); refuses a negative one."""
+        top, chunk = 0, 1 << 24
+        for lo in range(0, len(self.tokens), chunk):
+            part = self.tokens[lo : lo + chunk]
+            if len(part):
+                if int(part.min()) < 0:
+                    at = lo + int(np.argmin(part))
+                    raise InputError(
+                        f"{self.bin_path}: token {at} (byte {at * self.dtype.itemsize}) is "
+                        f"{int(self.tokens[at])}, a negative id"
+                    )
+                top = max(top, int(part.max()))
+        return top
 
 
 def open_index(src: str) -> MegatronIndex:
