@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
     cv.add_argument("--column", help="the token-id column of Arrow / parquet data "
                     "(default: input_ids, tokens, token_ids or ids)")  # fmt: skip
-    cv.add_argument("--from", dest="source_format", choices=("megatron", "hf", "parquet", "arrow"),
+    cv.add_argument("--offsets", help="a flat token array's document offsets (.npy or int64 .bin)")
+    cv.add_argument("--dtype", help="a raw .bin token array's dtype (uint16, int32, ...)")
+    cv.add_argument("--from", dest="source_format", choices=("megatron", "hf", "parquet", "arrow", "flat"),
                     help="the source's format (default: told from what is there)")  # fmt: skip
     cv.add_argument("--vocab-size", type=int,
                     help="the vocabulary's size (default: the largest token id + 1)")  # fmt: skip

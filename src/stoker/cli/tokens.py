@@ -213,6 +213,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             args.out,
             source_format=args.source_format,
             column=args.column,
+            offsets=args.offsets,
+            dtype=args.dtype,
             vocab_size=args.vocab_size,
             eos_id=args.eos_id,
             write_options=WriteOptions(block_tokens=args.block_tokens, level=args.level),

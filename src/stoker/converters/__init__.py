@@ -20,7 +20,7 @@ from stoker.errors import ConfigError, InputError
 from stoker.formats.token_writer import TokenWriter, WriteOptions
 from stoker.manifest import Manifest
 
-FORMATS = ("megatron", "hf", "parquet", "arrow")
+FORMATS = ("megatron", "hf", "parquet", "arrow", "flat")
 
 
 class Documents(Protocol):
@@ -57,6 +57,8 @@ def detect(src: str) -> str:
     kind = arrow.kind_of(src)
     if kind is not None:
         return kind
+    if src.endswith((".npy", ".bin")):
+        return "flat"
     raise InputError(
         f"{src}: cannot tell its format (known: {', '.join(FORMATS)}); a Megatron dataset "
         "is named by its prefix, its .idx or its .bin, a Hugging Face dataset by the "
@@ -65,12 +67,22 @@ def detect(src: str) -> str:
 
 
 def open_documents(
-    src: str, source_format: str | None = None, column: str | None = None
+    src: str,
+    source_format: str | None = None,
+    column: str | None = None,
+    *,
+    offsets: str | None = None,
+    dtype: str | None = None,
+    eos_id: int | None = None,
 ) -> Documents:
     """The documents of ``src`` in ``source_format`` (default: told from what is there)."""
     fmt = source_format or detect(src)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown source format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt == "flat":
+        from stoker.converters import flat
+
+        return flat.open_flat(src, offsets, dtype, eos_id)
     if fmt == "megatron":
         from stoker.converters import megatron
 
@@ -86,6 +98,8 @@ def convert(
     *,
     source_format: str | None = None,
     column: str | None = None,
+    offsets: str | None = None,
+    dtype: str | None = None,
     vocab_size: int | None = None,
     eos_id: int | None = None,
     write_options: WriteOptions | None = None,
@@ -97,14 +111,17 @@ def convert(
     the conversion's counts.
 
     ``source_format``: ``megatron`` (a ``.bin`` + ``.idx``), ``hf`` (a Hugging Face
-    dataset saved to disk), ``parquet`` or ``arrow``; by default told from what is
-    there. ``column``: the token-id column of Arrow and parquet data (default: the
-    first of ``input_ids``, ``tokens``, ``token_ids``, ``ids``). ``vocab_size``
+    dataset saved to disk), ``parquet``, ``arrow`` or ``flat`` (a ``.npy`` or raw
+    ``.bin`` token array); by default told from what is there. ``column``: the token-id
+    column of Arrow and parquet data (default: the first of ``input_ids``, ``tokens``,
+    ``token_ids``, ``ids``). A flat array's documents come from ``offsets`` (a file of
+    first tokens or boundaries) or, without one, are split after every ``eos_id``;
+    ``dtype`` is a raw ``.bin``'s. ``vocab_size``
     defaults to one more than the largest token id (a pass over the tokens first);
     ``eos_id`` is recorded in the manifest when given (the tokens are not changed).
     ``progress(stats)`` is called as documents are written.
     """
-    source = open_documents(src, source_format, column)
+    source = open_documents(src, source_format, column, offsets=offsets, dtype=dtype, eos_id=eos_id)
     stats = ConvertStats(total_documents=source.total_documents)
     start = time.perf_counter()
     if vocab_size is None:

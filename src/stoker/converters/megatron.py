@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stoker.converters.scan import largest_id
 from stoker.errors import InputError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -92,19 +93,7 @@ class MegatronIndex:
             )
 
     def largest(self) -> int:
-        """The largest token id (a pass in chunks); refuses a negative one."""
-        top, chunk = 0, 1 << 24
-        for lo in range(0, len(self.tokens), chunk):
-            part = self.tokens[lo : lo + chunk]
-            if len(part):
-                if int(part.min()) < 0:
-                    at = lo + int(np.argmin(part))
-                    raise InputError(
-                        f"{self.bin_path}: token {at} (byte {at * self.dtype.itemsize}) is "
-                        f"{int(self.tokens[at])}, a negative id"
-                    )
-                top = max(top, int(part.max()))
-        return top
+        return largest_id(self.tokens, self.bin_path)
 
 
 def open_index(src: str) -> MegatronIndex:
