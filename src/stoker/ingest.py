@@ -10,7 +10,10 @@ fsspec's compression inference. Errors name the file and line or row. Given a
 ``skip`` callback, an unreadable document (a line that is not the JSON object
 asked for, a value that is not text, text that is not UTF-8, a parquet file
 that cannot be read) and an empty file are reported to it and left out instead
-of raised; a file that is not there, or of an unknown type, always raises.
+of raised; a file that is not there, or of an unknown type, always raises. Lines
+are decoded one by one, so a line that is not UTF-8 costs that line (a paragraph
+in ``"blank"`` mode, the file in ``"file"`` mode) and is named with its number and
+byte; a compressed file cut short keeps the documents read before the cut.
 Reading ``.parquet`` needs ``stoker[parquet]`` (pyarrow), sources on S3
 ``stoker[s3]``: each is an ``InputError`` naming the extra, before any work.
 
@@ -21,7 +24,6 @@ against the sizes :func:`check_sources` returns.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -110,61 +112,108 @@ def iter_texts(
     comp = infer_compression(path)
     with fs.open(fpath, "rb") as raw:
         stream = compr[comp](raw, mode="rb") if comp else raw
-        with io.TextIOWrapper(stream, encoding="utf-8") as fh:
+        try:
+            yield from _read_text(path, stream, kind, opts, raw.tell, progress, skip)
+        except (EOFError, OSError, ValueError) as exc:  # a cut or damaged compressed file
+            if isinstance(exc, InputError):
+                raise
+            what = f"{path}: cannot be read to its end ({type(exc).__name__}: {exc})"
+            if skip is None:
+                raise InputError(what) from exc
+            skip(f"{what}; the rest of the file is left out")
+
+
+class _Lines:
+    """The lines of a binary stream as text, each decoded on its own (so a line that is
+    not UTF-8 is that line's fault alone), with its number and first byte."""
+
+    def __init__(self, path: str, stream: Any) -> None:
+        self.path, self.stream = path, stream
+
+    def __iter__(self) -> Iterator[tuple[int, int, str | InputError]]:
+        at = 0
+        for lineno, raw in enumerate(self.stream, 1):
             try:
-                yield from _read_text(path, fh, kind, opts, raw.tell, progress, skip)
-            except UnicodeDecodeError as exc:  # the rest of the file cannot be read as text
-                what = (
-                    f"{path}: not UTF-8 text (near byte {raw.tell():,} of the file: {exc.reason})"
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield (
+                    lineno,
+                    at,
+                    InputError(
+                        f"{self.path}, line {lineno}: not UTF-8 text (byte {at + exc.start:,}: "
+                        f"{exc.reason})"
+                    ),
                 )
-                if skip is None:
-                    raise InputError(what) from exc
-                skip(f"{what}; the rest of the file is left out")
+            else:
+                yield lineno, at, line[:-2] + "\n" if line.endswith("\r\n") else line
+            at += len(raw)
 
 
 def _read_text(
     path: str,
-    fh: io.TextIOWrapper,
+    stream: Any,
     kind: str,
     opts: SourceOptions,
     tell: Callable[[], int],
     progress: Progress | None,
     skip: Skip | None = None,
 ) -> Iterator[str]:
-    """The documents of one opened text source (``tell``: bytes of the file read)."""
+    """The documents of one opened (binary) text source (``tell``: bytes of the file
+    read)."""
+
+    def bad(err: InputError) -> None:
+        if skip is None:
+            raise err
+        skip(str(err))
+
     if kind == ".jsonl":
-        for lineno, line in enumerate(fh, 1):
+        for lineno, _, line in _Lines(path, stream):
             if progress is not None:
                 progress(tell())
+            if isinstance(line, InputError):
+                bad(line)
+                continue
             if not line.strip():
                 continue
             try:
                 text = _json_text(path, lineno, line, opts.text_field)
             except InputError as exc:
-                if skip is None:
-                    raise
-                skip(str(exc))
+                bad(exc)
                 continue
             yield text
     elif opts.txt_split == "file":
-        yield fh.read()
+        data = stream.read()
+        try:
+            yield data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad(InputError(f"{path}: not UTF-8 text (byte {exc.start:,}: {exc.reason})"))
     elif opts.txt_split == "line":
-        for line in fh:
+        for _, _, line in _Lines(path, stream):
             if progress is not None:
                 progress(tell())
-            if line.strip():
+            if isinstance(line, InputError):
+                bad(line)
+            elif line.strip():
                 yield line.rstrip("\n")
     elif opts.txt_split == "blank":
         para: list[str] = []
-        for line in fh:
+        broken: InputError | None = None  # a line of this paragraph is not text
+        for _, _, line in _Lines(path, stream):
             if progress is not None:
                 progress(tell())
-            if line.strip():
+            if isinstance(line, InputError):
+                broken = broken or line
+            elif line.strip():
                 para.append(line)
-            elif para:
-                yield "".join(para)
-                para = []
-        if para:
+            elif para or broken:
+                if broken:
+                    bad(InputError(f"{broken}; its paragraph is left out"))
+                else:
+                    yield "".join(para)
+                para, broken = [], None
+        if broken:
+            bad(InputError(f"{broken}; its paragraph is left out"))
+        elif para:
             yield "".join(para)
     else:
         raise InputError(f"txt_split must be file, line or blank, got {opts.txt_split!r}")
@@ -222,7 +271,18 @@ def _parquet(
             )
         rows = max(1, pf.metadata.num_rows)
         done = 0
-        for batch in pf.iter_batches(columns=[opts.text_column], batch_size=1024):
+        batches = pf.iter_batches(columns=[opts.text_column], batch_size=1024)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (OSError, ValueError) as exc:  # a damaged row group
+                what = f"{path}: rows from {done} on cannot be read ({exc})"
+                if skip is None:
+                    raise InputError(what) from exc
+                skip(f"{what}; the rest of the file is left out")
+                return
+            if batch is None:
+                break
             for row, text in enumerate(batch.column(0).to_pylist(), done):
                 if text is None:
                     continue

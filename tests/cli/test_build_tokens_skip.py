@@ -4,6 +4,7 @@ reads back token for token; without it the same inputs stop the build, naming th
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -125,3 +126,34 @@ def test_nothing_left_to_build_is_said_plainly(tmp_path: Path, tokenizer_file: P
         stoker.build_tokens(
             [str(empty)], str(tmp_path / "ds"), str(tokenizer_file), on_error="skip"
         )
+
+
+def test_a_line_that_is_not_utf8_costs_that_line_alone(
+    tmp_path: Path, tokenizer_file: Path
+) -> None:
+    # the bad line sits among good ones in the same 8 KiB of the file
+    good = [good_text(i) for i in range(100)]
+    lines = [json.dumps({"text": t}).encode() for t in good]
+    lines.insert(50, b'{"text": "caf\xe9"}')
+    src = tmp_path / "docs.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    at = sum(len(x) + 1 for x in lines[:50]) + len(b'{"text": "caf')
+    _, stats = stoker.build_tokens([str(src)], str(tmp_path / "ds"), str(tokenizer_file),
+                                   workers=1, on_error="skip")  # fmt: skip
+    assert stats.documents == 100 and stats.skipped == 1
+    assert f"docs.jsonl, line 51: not UTF-8 text (byte {at:,}" in stats.skipped_reasons[0]
+    with pytest.raises(InputError, match=rf"docs\.jsonl, line 51: not UTF-8 text \(byte {at:,}"):
+        stoker.build_tokens([str(src)], str(tmp_path / "ds2"), str(tokenizer_file), workers=1)
+
+
+def test_a_cut_compressed_file_keeps_what_came_before(tmp_path: Path, tokenizer_file: Path) -> None:
+    good = [good_text(i) for i in range(400)]
+    whole = gzip.compress(("\n".join(json.dumps({"text": t}) for t in good) + "\n").encode())
+    src = tmp_path / "docs.jsonl.gz"
+    src.write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(InputError, match=r"docs\.jsonl\.gz: cannot be read to its end \(EOFError"):
+        stoker.build_tokens([str(src)], str(tmp_path / "ds"), str(tokenizer_file), workers=1)
+    _, stats = stoker.build_tokens([str(src)], str(tmp_path / "ds2"), str(tokenizer_file),
+                                   workers=1, on_error="skip")  # fmt: skip
+    assert stats.skipped == 1 and "the rest of the file is left out" in stats.skipped_reasons[0]
+    assert 0 < stats.documents < len(good)

@@ -1,5 +1,5 @@
-"""Sharing a mixture's steps among ranks (stoker.mixture.deal), with the apportionment
-of each step (stoker.mixture.apportion), over random worlds, batches, weights and
+"""Sharing a mixture's steps among ranks (stoker.mixture.deal), each step's samples
+per source from the quota method (stoker.mixture.apportion), over random worlds, batches, weights and
 epoch sizes: every rank gets exactly its batch, every sample of a source's epoch is
 read exactly once, each rank has taken a prefix of its own share that follows from
 the source's count alone, and few samples are read from another rank's share."""
@@ -7,14 +7,13 @@ the source's count alone, and few samples are read from another rank's share."""
 from __future__ import annotations
 
 from collections import Counter
-from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.mixture.apportion import advance
+from stoker.mixture.apportion import quota
 from stoker.mixture.deal import balance, deal, rank_batch, rank_counts, segments
 
 
@@ -60,15 +59,9 @@ def test_a_run_of_steps_reads_every_sample_once_in_exact_batches(
         return sizes[source][epoch % len(sizes[source])]
 
     state = [(0, 0)] * k
-    counts = (0,) * k
-    targets = [Fraction(0)] * k
     seen: Counter[tuple[int, int, int, int]] = Counter()
     for ws in steps:
-        total = batch * world
-        targets = [t + Fraction(total * w, sum(ws)) for t, w in zip(targets, ws, strict=True)]
-        new = advance(counts, targets)
-        taken = [n - c for n, c in zip(new, counts, strict=True)]
-        counts = new
+        taken = quota([0] * k, ws, batch * world)  # new weights each step
         segs, state = segments(state, taken, epoch_samples)
         dealt = [deal(done, n, world) for _, _, done, n in segs]
         every = balance(dealt, batch)

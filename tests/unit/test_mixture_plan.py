@@ -1,18 +1,20 @@
 """The mixture's pure parts: weight schedules (exact sums over any range of steps) and
-the apportionment of each step's samples (counts within one sample of their targets
-at every step, never going down), held by properties over random inputs."""
+the quota method that gives out each step's samples (every count within one sample
+of its share after every sample, never going down), held by properties over random
+inputs, up to ten sources with weights thousands of times apart."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stoker.errors import ConfigError
-from stoker.mixture.apportion import advance
+from stoker.mixture.apportion import quota
+from stoker.mixture.plan import MixPlan
 from stoker.mixture.schedule import WeightSchedule
 
 
@@ -77,83 +79,76 @@ def test_bad_schedules_are_refused_by_name(points: list, match: str) -> None:
         WeightSchedule.of(points)
 
 
-# -- apportionment -------------------------------------------------------------------
-def run(s: WeightSchedule, batches: list[int]) -> list[tuple[int, ...]]:
-    """Cumulative counts after each step of the given sizes, and check the invariants."""
-    counts = tuple(0 for _ in s.names)
-    done = 0
-    targets = [Fraction(0)] * len(s.names)
-    out = []
-    for step, b in enumerate(batches):
-        targets = [t + b * w for t, w in zip(targets, s.at(step), strict=True)]
-        done += b
-        new = advance(counts, targets)
-        assert sum(new) == done
-        assert all(n >= c for n, c in zip(new, counts, strict=True))  # never down
-        assert all(abs(n - t) < 1 for n, t in zip(new, targets, strict=True)), (new, targets)
-        counts = new
-        out.append(counts)
-    return out
+# -- the quota method ----------------------------------------------------------------
+def within_quota(counts: list[int], weights: list[int]) -> bool:
+    n, total = sum(counts), sum(weights)
+    return all(
+        math.floor(Fraction(w * n, total)) <= c <= math.ceil(Fraction(w * n, total))
+        for c, w in zip(counts, weights, strict=True)
+    )
 
 
-@settings(max_examples=300)
-@given(schedules(), st.lists(st.integers(0, 40), min_size=1, max_size=80))
-def test_counts_stay_within_one_sample_of_their_targets(
-    s: WeightSchedule, batches: list[int]
-) -> None:
-    run(s, batches)
-
-
-@settings(max_examples=200)
+@settings(max_examples=400)
 @given(
-    st.lists(st.integers(1, 1000), min_size=2, max_size=6),
-    st.integers(1, 64),
-    st.integers(1, 200),
+    st.lists(
+        st.sampled_from([0, 1, 1, 2, 3, 5, 9, 50, 1000, 7919]), min_size=1, max_size=10
+    ).filter(lambda w: sum(w) > 0),
+    st.lists(st.integers(0, 64), min_size=1, max_size=60),
 )
-def test_skewed_weights_and_one_sample_steps(ws: list[int], batch: int, steps: int) -> None:
-    # a source with a tiny weight gets a sample now and then, never two steps early
-    ws[0] = 1
-    s = WeightSchedule.constant({f"s{i}": w for i, w in enumerate(ws)})
-    run(s, [batch] * steps)
+def test_every_count_stays_within_its_quota(weights: list[int], steps: list[int]) -> None:
+    counts = [0] * len(weights)
+    for n in steps:
+        new = quota(counts, weights, n)
+        assert sum(new) == sum(counts) + n
+        assert all(a >= b for a, b in zip(new, counts, strict=True))  # never down
+        assert within_quota(new, weights), (weights, new)
+        counts = new
 
 
-def test_a_two_source_mix_alternates_as_evenly_as_it_can() -> None:
-    s = WeightSchedule.constant({"a": 1, "b": 2})
-    counts = run(s, [1] * 9)
-    picks = [int(np.argmax(np.subtract(b, a))) for a, b in zip([(0, 0), *counts], counts)]
-    assert picks.count(0) == 3 and picks.count(1) == 6
-    assert "".join("ab"[p] for p in picks) in ("babbabbab", "bbabbabba", "abbabbabb")
+@pytest.mark.parametrize(
+    ("weights", "steps"),
+    [  # cases that broke a largest-remainder rule (a review's fuzzing)
+        ([1000, 2, 1000, 50, 2, 1000, 0, 9], [8] * 60),
+        ([50, 1, 50, 2, 3, 5], [1] * 60),
+        ([2, 50, 3, 0, 50, 50, 9, 50], [1] * 60),
+    ],
+)
+def test_cases_a_greedy_rule_got_wrong(weights: list[int], steps: list[int]) -> None:
+    counts = [0] * len(weights)
+    for n in steps:
+        counts = quota(counts, weights, n)
+        assert within_quota(counts, weights)
+
+
+def test_one_sample_at_a_time_is_the_same_as_a_step_of_them() -> None:
+    w = [5, 3, 1, 1]
+    one = [0] * 4
+    for _ in range(37):
+        one = quota(one, w, 1)
+    assert one == quota([0] * 4, w, 37)
 
 
 def test_refusals() -> None:
-    with pytest.raises(ValueError, match="whole number"):
-        advance((0, 0), (Fraction(1, 2), Fraction(1, 3)))
-    with pytest.raises(ValueError, match="fewer"):
-        advance((3, 3), (Fraction(2), Fraction(2)))
+    with pytest.raises(ValueError, match="not all 0"):
+        quota([0, 0], [0, 0], 1)
+    with pytest.raises(ValueError, match="same"):
+        quota([0], [1, 2], 1)
 
 
-@settings(max_examples=300)
-@given(
-    st.integers(2, 5).flatmap(
-        lambda k: st.lists(
-            st.tuples(
-                st.integers(0, 6),
-                st.lists(st.sampled_from([0, 1, 2, 3, 50, 1000]), min_size=k, max_size=k),
-            ),
-            min_size=1,
-            max_size=40,
-        )
-    )
-)
-def test_counts_follow_weights_that_change_every_step(steps: list[tuple[int, list[int]]]) -> None:
-    # adversarial: new weights (some zero, some a thousand times others) every step
-    k = len(steps[0][1])
-    counts = (0,) * k
-    targets = [Fraction(0)] * k
-    for b, ws in steps:
-        ws = ws if sum(ws) else [1, *ws[1:]]
-        targets = [t + Fraction(b * w, sum(ws)) for t, w in zip(targets, ws, strict=True)]
-        new = advance(counts, targets)
-        assert all(n >= c for n, c in zip(new, counts, strict=True))
-        assert all(abs(n - t) < 1 for n, t in zip(new, targets, strict=True))
-        counts = new
+# -- a mixture's steps under a schedule ---------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(schedules(), st.integers(1, 4), st.integers(1, 3), st.integers(1, 70))
+def test_each_stretch_of_weights_is_kept_to_within_one_sample(
+    s: WeightSchedule, batch: int, world: int, steps: int
+) -> None:
+    p = MixPlan(s, batch, world, lambda source, epoch: 1 + 7 * (source + 1))
+    for _ in range(steps):
+        before = p.counts
+        step = p.next()
+        assert sum(step.taken) == batch * world
+        assert all(a >= b for a, b in zip(p.counts, before, strict=True))
+        # within one sample of the current stretch's share, measured from its start
+        for c, t in zip(p.counts, p.targets(step.step), strict=True):
+            assert abs(c - t) < 1
+    if not s.linear:  # a piecewise schedule starts a stretch at each point only
+        assert p.regime_step == max(pt for pt, _ in s.points if pt <= steps - 1)

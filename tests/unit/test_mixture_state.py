@@ -95,8 +95,14 @@ def test_a_source_added_or_removed_at_a_restore() -> None:
         (lambda s: s.update(mixture_state=9), "version"),
         (lambda s: s.update(step=-1), "'step'"),
         (lambda s: s["sources"]["web"].update(count="3"), "sources.web.count"),
-        (lambda s: s["regime"].pop("world"), "lacks a field"),
+        (lambda s: s["regime"].pop("world"), "regime.world"),
         (lambda s: s["regime"].update(world=5), "world 5"),
+        (lambda s: s.update(sources=["web", "code", "math"]), "must be objects"),
+        (lambda s: s.update(sources=None), "must be objects"),
+        (lambda s: s["sources"].update(web=3), "'sources.web' must be an object"),
+        (lambda s: s["regime"].update(counts=[0, 0, 0]), "'regime.counts' must be an object"),
+        (lambda s: s["sources"]["math"].update(taken=99), "its epoch 0 deals 5"),
+        (lambda s: s["sources"]["web"].update(count=10**6), "do not follow from its regime"),
     ],
 )
 def test_a_bad_state_is_refused_by_field(edit, match: str) -> None:

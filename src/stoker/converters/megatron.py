@@ -44,6 +44,7 @@ def paths(src: str) -> tuple[str, str]:
     for ext in (".idx", ".bin"):
         if src.endswith(ext):
             src = src[: -len(ext)]
+            break  # one suffix: a prefix may end in .bin or .idx itself
     return src + ".idx", src + ".bin"
 
 

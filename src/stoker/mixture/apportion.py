@@ -1,44 +1,44 @@
 """How many samples of each source a mixture's steps take (pure).
 
-The cumulative counts ``C_i`` after a step follow the cumulative targets ``T_i``
-(the step's sample count times the schedule's summed weights, exact fractions):
-:func:`advance` raises every count to at least its target's floor and gives the
-samples left to the sources furthest below their targets, one each. Counts never
-go down, they sum to the targets' sum, and each stays within one sample of its
-target at every step boundary (|C_i - T_i| < 1; held by property tests over random
-weights, schedules and step sizes), so the realised share over the run so far is
-off by less than one sample per source.
+Under constant weights the samples go out one at a time by the *quota method* of
+Balinski and Young (1975): the next sample goes to the source whose count ``c_i``
+has the largest ``w_i / (c_i + 1)`` among those still under their upper quota
+(``c_i < w_i (n + 1)`` for the ``n + 1``-th sample). Their theorem: every count
+stays within one sample of its share at every sample, ``floor(w_i n) <= c_i <=
+ceil(w_i n)``, and counts never go down as samples are added, for any number of
+sources and any weights. :func:`quota` adds a step's samples to the counts of a
+stretch of constant weights (integers, in proportion), exactly, in integer
+arithmetic.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from fractions import Fraction
 
 
-def advance(counts: Sequence[int], targets: Sequence[Fraction]) -> tuple[int, ...]:
-    """The cumulative counts after a step, from those before it (``counts``) and the
-    cumulative targets after it (``targets``, summing to a whole number of samples
-    no smaller than ``sum(counts)``)."""
-    if len(counts) != len(targets) or not counts:
-        raise ValueError("counts and targets must name the same, at least one, sources")
-    total = sum(targets, Fraction(0))
-    if total.denominator != 1:
-        raise ValueError(f"the targets must sum to a whole number of samples, got {total}")
-    if total < sum(counts):
-        raise ValueError(f"the targets sum to {total}, fewer than the {sum(counts)} taken")
-    out = [max(int(c), math.floor(t)) for c, t in zip(counts, targets, strict=True)]
-    left = int(total) - sum(out)
-    while left > 0:  # furthest below target first; ties to the lower index
-        i = max(range(len(out)), key=lambda j: (targets[j] - out[j], -j))
-        out[i] += 1
-        left -= 1
-    while left < 0:  # counts held up by what was already taken: lower the most ahead
-        i = min(
-            (j for j in range(len(out)) if out[j] > counts[j]),
-            key=lambda j: (targets[j] - out[j], j),
-        )
-        out[i] -= 1
-        left += 1
-    return tuple(out)
+def quota(counts: Sequence[int], weights: Sequence[int], samples: int) -> list[int]:
+    """``counts`` (the samples each source has had under ``weights``, which sum to more
+    than zero) after ``samples`` more, given out by the quota method."""
+    if len(counts) != len(weights) or not counts:
+        raise ValueError("counts and weights must name the same, at least one, sources")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"weights must be >= 0 and not all 0, got {list(weights)}")
+    if samples < 0:
+        raise ValueError(f"samples must be >= 0, got {samples}")
+    c = [int(x) for x in counts]
+    total = sum(weights)
+    n = sum(c)
+    k = len(c)
+    for _ in range(samples):
+        n += 1
+        best = -1
+        for i in range(k):
+            w = weights[i]
+            # under its upper quota for sample n, and w / (c + 1) largest (ties: lower index)
+            eligible = w and c[i] * total < w * n
+            if eligible and (best < 0 or w * (c[best] + 1) > weights[best] * (c[i] + 1)):
+                best = i
+        if best < 0:  # cannot happen: some source is under its upper quota
+            raise AssertionError("no source under its quota")
+        c[best] += 1
+    return c

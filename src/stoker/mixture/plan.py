@@ -1,25 +1,27 @@
 """A mixture's plan, step by step, and its state (pure).
 
-:class:`MixPlan` walks the global steps of a mixture: for each it moves the
-sources' cumulative counts towards their targets (:func:`~stoker.mixture.apportion.advance`),
-runs each source through its own epochs (:func:`~stoker.mixture.deal.segments`) and
+:class:`MixPlan` walks the global steps of a mixture: for each it gives the step's
+samples to the sources (:func:`~stoker.mixture.apportion.quota`), runs each source
+through its own epochs (:func:`~stoker.mixture.deal.segments`) and
 shares the step among the ranks (:func:`~stoker.mixture.deal.deal`,
 :func:`~stoker.mixture.deal.rank_batch`).
 
-The targets are measured from a *regime*: the step and counts where the current
-weights and batch size took over (the run's start, or a restore that changed
-them). Under one regime the target of source ``i`` after step ``s`` is
-``counts_i + batch * sum of its weights over [regime step, s]``, exact. The state is
-the step, every source's count and ``(epoch, taken of it)``, and the regime: a few
-integers per source, whatever the position, and nothing to replay. A restore with
-the same sources, weights and batch continues exactly; one that changes the
-weights (or adds or removes a source) starts a regime at the restored step, so
-every source continues from where it stood and the new weights hold from the next
-step on.
+Samples go out by the quota method (:func:`~stoker.mixture.apportion.quota`)
+within a *regime*: a stretch of steps under constant weights and batch size,
+from its first step and the counts there. A regime begins at the run's start, at
+each point of a piecewise-constant schedule, at every step of a linear ramp (its
+weights change each step), and at a restore that changed the weights, the batch
+size or the sources. Within a regime each source's count stays within one sample
+of ``counts at its start + weight x samples since``, at every step (Balinski and
+Young's theorem); each new regime measures from where every source stood. The
+state is the step, every source's count and ``(epoch, taken of it)``, and the
+regime's start: a few integers per source, whatever the position, and nothing to
+replay. A restore with the same sources, weights and batch continues exactly.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import StateError
-from stoker.mixture.apportion import advance
+from stoker.mixture.apportion import quota
 from stoker.mixture.deal import EpochSamples, Item, Segment, deal, rank_batch, segments
 from stoker.mixture.schedule import WeightSchedule
 
@@ -80,14 +82,30 @@ class MixPlan:
         return self.batch_size * self.world
 
     def targets(self, step: int) -> list[Fraction]:
-        """Each source's cumulative target after ``step`` (under the current regime)."""
-        total = self.schedule.total(self.regime_step, step + 1)
-        b = self.global_batch
-        return [c + b * t for c, t in zip(self.regime_counts, total, strict=True)]
+        """Each source's cumulative target after ``step`` (the current regime's)."""
+        w = self.schedule.at(max(step, self.regime_step))
+        n = self.global_batch * (step + 1 - self.regime_step)
+        return [c + n * x for c, x in zip(self.regime_counts, w, strict=True)]
+
+    def _constant_since(self, step: int) -> int:
+        """The first step of the schedule's stretch of constant weights that holds
+        ``step``."""
+        points = self.schedule.points
+        i = max(j for j, (s, _) in enumerate(points) if s <= step)
+        if self.schedule.linear and i + 1 < len(points):
+            return step  # a ramp: new weights every step
+        return points[i][0]
 
     def next(self) -> Step:
         """Plan the next step and move past it."""
-        new = advance(self.counts, self.targets(self.step))
+        start = self._constant_since(self.step)
+        if start > self.regime_step:  # a new stretch of weights begins at this step
+            self.regime_step, self.regime_counts = self.step, self.counts
+        weights = self.schedule.at(self.step)
+        scale = math.lcm(*(w.denominator for w in weights))
+        rel = [c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]
+        rel = quota(rel, [int(w * scale) for w in weights], self.global_batch)
+        new = tuple(c0 + r for c0, r in zip(self.regime_counts, rel, strict=True))
         taken = tuple(n - c for n, c in zip(new, self.counts, strict=True))
         segs, self.epochs = segments(self.epochs, taken, self.epoch_samples)
         dealt = tuple(deal(done, n, self.world) for _, _, done, n in segs)
@@ -127,43 +145,60 @@ class MixPlan:
                 f"not a mixture state of version {STATE_VERSION}: "
                 f"{state.get('mixture_state') if isinstance(state, dict) else state!r}"
             )
-        try:
-            step = _nonneg(state["step"], "step")
-            sources = state["sources"]
-            regime = state["regime"]
-            world = _nonneg(regime["world"], "regime.world")
-            batch = _nonneg(regime["batch_size"], "regime.batch_size")
-        except (KeyError, TypeError) as exc:
-            raise StateError(f"mixture state lacks a field: {exc}") from exc
+        step = _nonneg(state.get("step"), "step")
+        sources, regime = state.get("sources"), state.get("regime")
+        if not isinstance(sources, dict) or not isinstance(regime, dict):
+            raise StateError("mixture state fields 'sources' and 'regime' must be objects")
+        world = _nonneg(regime.get("world"), "regime.world")
+        batch = _nonneg(regime.get("batch_size"), "regime.batch_size")
         if world != self.world:
             raise StateError(f"mixture state saved with world {world}, this plan has {self.world}")
         names = self.schedule.names
         counts, epochs = [], []
-        for n in names:
-            s = sources.get(n) if isinstance(sources, dict) else None
-            if s is None:  # a source added at this restore starts at its beginning
+        for i, n in enumerate(names):
+            if n not in sources:  # a source added at this restore starts at its beginning
                 counts.append(0)
                 epochs.append((0, 0))
                 continue
-            counts.append(_nonneg(s.get("count"), f"sources.{n}.count"))
-            epochs.append(
-                (
-                    _nonneg(s.get("epoch"), f"sources.{n}.epoch"),
-                    _nonneg(s.get("taken"), f"sources.{n}.taken"),
+            src = sources[n]
+            if not isinstance(src, dict):
+                raise StateError(f"mixture state field 'sources.{n}' must be an object")
+            epoch = _nonneg(src.get("epoch"), f"sources.{n}.epoch")
+            taken = _nonneg(src.get("taken"), f"sources.{n}.taken")
+            if taken >= self.epoch_samples(i, epoch):
+                raise StateError(
+                    f"mixture state field 'sources.{n}.taken' is {taken}, but its epoch "
+                    f"{epoch} deals {self.epoch_samples(i, epoch)} samples"
                 )
-            )
+            counts.append(_nonneg(src.get("count"), f"sources.{n}.count"))
+            epochs.append((epoch, taken))
         same = (
             set(sources) == set(names)
             and batch == self.batch_size
             and regime.get("weights") == _weights_json(self.schedule)
         )
+        if same:
+            rc = regime.get("counts")
+            if not isinstance(rc, dict):
+                raise StateError("mixture state field 'regime.counts' must be an object")
+            regime_step = _nonneg(regime.get("step"), "regime.step")
+            regime_counts = tuple(_nonneg(rc.get(n), f"regime.counts.{n}") for n in names)
+            grown = self.global_batch * (step - regime_step)
+            if (
+                regime_step > step
+                or sum(counts) - sum(regime_counts) != grown
+                or any(c < c0 for c, c0 in zip(counts, regime_counts, strict=True))
+            ):
+                raise StateError(
+                    f"mixture state: counts {counts} at step {step} do not follow from its "
+                    f"regime (counts {list(regime_counts)} at step {regime_step}, "
+                    f"{self.global_batch} samples a step)"
+                )
         self.step = step
         self.counts = tuple(counts)
         self.epochs = epochs
         if same:
-            rc = regime.get("counts", {})
-            self.regime_step = _nonneg(regime.get("step"), "regime.step")
-            self.regime_counts = tuple(_nonneg(rc.get(n), f"regime.counts.{n}") for n in names)
+            self.regime_step, self.regime_counts = regime_step, regime_counts
         else:  # new weights, batch or sources: measured from here
             self.regime_step = step
             self.regime_counts = tuple(counts)
