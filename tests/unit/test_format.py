@@ -209,6 +209,8 @@ def manifests(draw: st.DrawFn) -> Manifest:
     num_tokens = draw(st.integers(min_value=1, max_value=10**12))
     block_tokens = draw(st.integers(min_value=1, max_value=1 << 20))
     blocks_per_file = draw(st.integers(min_value=1, max_value=5000))
+    # at most 4 files of at most 2^32 blocks each (the manifest's own limit)
+    num_tokens = min(num_tokens, block_tokens * 4 * (1 << 32))
     num_blocks = -(-num_tokens // block_tokens)
     nfiles = -(-num_blocks // blocks_per_file)
     if nfiles > 4:
