@@ -20,7 +20,7 @@ from stoker.errors import ConfigError, InputError
 from stoker.formats.token_writer import TokenWriter, WriteOptions
 from stoker.manifest import Manifest
 
-FORMATS = ("megatron", "hf", "parquet", "arrow", "flat")
+FORMATS = ("megatron", "mds", "hf", "parquet", "arrow", "flat")
 
 
 class Documents(Protocol):
@@ -50,10 +50,12 @@ class ConvertStats:
 
 def detect(src: str) -> str:
     """The format of ``src``, from what is there."""
-    from stoker.converters import arrow, megatron
+    from stoker.converters import arrow, mds, megatron
 
     if megatron.is_megatron(src):
         return "megatron"
+    if mds.is_mds(src):
+        return "mds"
     kind = arrow.kind_of(src)
     if kind is not None:
         return kind
@@ -83,6 +85,10 @@ def open_documents(
         from stoker.converters import flat
 
         return flat.open_flat(src, offsets, dtype, eos_id)
+    if fmt == "mds":
+        from stoker.converters import mds
+
+        return mds.open_mds(src, column, dtype)
     if fmt == "megatron":
         from stoker.converters import megatron
 
@@ -110,13 +116,14 @@ def convert(
     """Convert the dataset at ``src`` into a token dataset at ``out``; its manifest and
     the conversion's counts.
 
-    ``source_format``: ``megatron`` (a ``.bin`` + ``.idx``), ``hf`` (a Hugging Face
+    ``source_format``: ``megatron`` (a ``.bin`` + ``.idx``), ``mds`` (a MosaicML
+    Streaming directory), ``hf`` (a Hugging Face
     dataset saved to disk), ``parquet``, ``arrow`` or ``flat`` (a ``.npy`` or raw
     ``.bin`` token array); by default told from what is there. ``column``: the token-id
     column of Arrow and parquet data (default: the first of ``input_ids``, ``tokens``,
     ``token_ids``, ``ids``). A flat array's documents come from ``offsets`` (a file of
     first tokens or boundaries) or, without one, are split after every ``eos_id``;
-    ``dtype`` is a raw ``.bin``'s. ``vocab_size``
+    ``dtype`` is a raw ``.bin``'s, or an MDS ``bytes`` column's. ``vocab_size``
     defaults to one more than the largest token id (a pass over the tokens first);
     ``eos_id`` is recorded in the manifest when given (the tokens are not changed).
     ``progress(stats)`` is called as documents are written.
