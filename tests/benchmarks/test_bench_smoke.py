@@ -107,3 +107,23 @@ def test_dynamic_bench_quick_reads_every_sample_once() -> None:
         assert run["samples"] == out["params"]["samples"], run
         assert run["tps"] > 0 and run["first_s"] > 0
     assert out["summary"]["coordinator/nw0"]["ratio"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_convert_bench_quick_converts_every_format_whole() -> None:
+    # each side of every round checks it saw every token of the corpus
+    result = subprocess.run(
+        [sys.executable, "benchmarks/convert_bench.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [ln for ln in result.stdout.splitlines() if ln.startswith("| ") and "MB/s" not in ln]
+    assert [r.split("|")[1].split()[0].rstrip(",") for r in rows] == [
+        "Megatron",
+        "Hugging",
+        "parquet",
+        ".npy",
+    ]
