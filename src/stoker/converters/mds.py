@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from stoker.converters.arrow import COLUMNS
 from stoker.errors import InputError
 
-COLUMNS = ("input_ids", "tokens", "token_ids", "ids")
 #: The ndarray encoding's value dtype codes, and its shape dtypes by code.
 _VALUE = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 32: "uint32", 33: "int32",
           64: "uint64", 65: "int64"}  # fmt: skip

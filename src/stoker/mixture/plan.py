@@ -91,7 +91,7 @@ class MixPlan:
         """The first step of the schedule's stretch of constant weights that holds
         ``step``."""
         points = self.schedule.points
-        i = max(j for j, (s, _) in enumerate(points) if s <= step)
+        i = self.schedule.segment(step)
         if self.schedule.linear and i + 1 < len(points):
             return step  # a ramp: new weights every step
         return points[i][0]

@@ -92,7 +92,7 @@ class WeightSchedule:
 
     def at(self, step: int) -> tuple[Fraction, ...]:
         """The weights of global step ``step``."""
-        i = self._segment(step)
+        i = self.segment(step)
         s0, w0 = self.points[i]
         if not self.linear or i + 1 == len(self.points):
             return w0
@@ -105,7 +105,7 @@ class WeightSchedule:
         if stop < start:
             raise ValueError(f"stop {stop} < start {start}")
         acc = [Fraction(0)] * len(self.names)
-        i = self._segment(start) if stop > start else len(self.points)
+        i = self.segment(start) if stop > start else len(self.points)
         lo = start
         while lo < stop:
             s0, w0 = self.points[i]
@@ -125,7 +125,7 @@ class WeightSchedule:
             i += 1
         return tuple(acc)
 
-    def _segment(self, step: int) -> int:
+    def segment(self, step: int) -> int:
         """The index of the point whose segment holds ``step``."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
