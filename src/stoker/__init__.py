@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from stoker.loader.loader import TokenLoader
     from stoker.loader.masks import cu_seqlens, doc_starts
     from stoker.manifest import Manifest
+    from stoker.mixture.dataset import Mixture
+    from stoker.mixture.schedule import WeightSchedule
     from stoker.observe.metered import Metered
     from stoker.plan import ShuffleConfig
     from stoker.storage import RetryPolicy, Storage
@@ -60,6 +62,7 @@ _LAZY = {
     "LeaseConfig": ("stoker.coordinator.model", "Config"),
     "Manifest": "stoker.manifest",
     "Metered": "stoker.observe.metered",
+    "Mixture": "stoker.mixture.dataset",
     "NullCache": "stoker.cache",
     "RetryPolicy": "stoker.storage",
     "ShuffleConfig": "stoker.plan",
@@ -68,6 +71,7 @@ _LAZY = {
     "TokenLoader": "stoker.loader.loader",
     "TokenSource": "stoker.formats.tokens",
     "TokenWriter": "stoker.formats.token_writer",
+    "WeightSchedule": "stoker.mixture.schedule",
     "WriteOptions": "stoker.formats.token_writer",
     "build_tokens": "stoker.tokenizing",
     "convert": "stoker.converters",
@@ -117,6 +121,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "Metered",
+    "Mixture",
     "NullCache",
     "RetryPolicy",
     "ShuffleConfig",
@@ -130,6 +135,7 @@ __all__ = [
     "TokenWriter",
     "UnreachableError",
     "UnsupportedFormatError",
+    "WeightSchedule",
     "WorkerError",
     "WriteOptions",
     "__version__",

@@ -40,7 +40,7 @@ from stoker.loader.distributed import Placement
 from stoker.loader.planned import PlannedDataset
 from stoker.loader.pool import WorkerPool
 from stoker.observe.export import rank_stats
-from stoker.observe.registry import timed
+from stoker.observe.registry import registry, timed
 from stoker.observe.serving import serve_once
 from stoker.pinned import Lent, Loans
 
@@ -116,6 +116,11 @@ class TokenLoader:
         if isinstance(coordinator, str) and coordinator != "rank0":
             raise ConfigError(
                 f'coordinator must be a CoordinatorClient or "rank0", not {coordinator!r}'
+            )
+        if coordinator is not None and not dataset.coordinated:
+            raise ConfigError(
+                f"{dataset.name} is read by the static plan only: a coordinator's leases "
+                "do not feed it yet"
             )
         self.dataset = dataset
         self.num_workers = num_workers
@@ -358,7 +363,8 @@ class TokenLoader:
             batches = self._iter(pl, lend)
         keep = False
         try:
-            for batch in timed(batches, pl.rank, _count, lambda: self._ready):
+            count = _count if not hasattr(self.dataset, "count_sources") else self._count_mixed
+            for batch in timed(batches, pl.rank, count, lambda: self._ready):
                 try:
                     yield batch
                 except GeneratorExit:
@@ -411,6 +417,15 @@ class TokenLoader:
         yield from self.last_epoch
         if self.last_epoch.epoch is not None:
             self._min_epoch = self.last_epoch.epoch + 1
+
+    def _count_mixed(self, batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+        """A mixture's batch: counted per source too (``loader.stats()["sources"]``)."""
+        counts, targets = self.dataset.count_sources(batch)  # type: ignore[attr-defined]
+        reg = registry()
+        stats = reg.loader(self.dataset.placement().rank)  # (takes the lock itself)
+        with reg.lock:
+            stats.sourced(counts, targets)
+        return _count(batch)
 
     def _set_ready(self, n: int) -> None:
         self._ready = n
@@ -483,6 +498,7 @@ class TokenLoader:
 
 
 def _count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """A batch's samples and tokens."""
     tokens = batch.get("tokens")
     return len(batch[SAMPLE_ID]), 0 if tokens is None else int(tokens.numel())
 

@@ -103,6 +103,8 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
     #: Plan (prefetch) the next epoch's first samples at the end of this one: only
     #: worth it where what is prefetched outlives the reader (a node agent).
     plans_next_epoch: bool = False
+    #: Whether a coordinator's leases can feed it (positions it maps one by one).
+    coordinated: bool = True
 
     # -- what a kind supplies ----------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -183,9 +185,9 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         pending = self._pending
         if pending is None and self._progress is not None:
             worker = dict(self._worker) if self._worker is not None else None
-            pending = st.build(self.identity(), self.drop_remainder, self._progress, worker)
+            pending = self._make_state(self._progress, worker)
         if pending is not None:
-            progress, worker = st.restore(pending, pl.world, self.batch_size)
+            progress, worker = self._restore_state(pending, pl.world)
             skip = 0
             if worker is not None and (worker.get("worker"), worker.get("num_workers")) == (
                 pl.worker,
@@ -237,9 +239,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         if self._worker is not None:
             # inside a DataLoader worker, a state taken now (torchdata's StatefulDataLoader
             # snapshots after the generator ends) must still describe the finished epoch
-            self._finished = st.build(
-                self.identity(), self.drop_remainder, progress, dict(self._worker)
-            )
+            self._finished = self._make_state(progress, dict(self._worker))
         self._next_set = progress.split.next_epoch_set(
             progress.epoch, self.num_samples, self.drop_remainder
         )
@@ -338,7 +338,17 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
             pl = self.placement()
             progress, _ = self._begin(pl)
         worker = dict(self._worker) if self._worker is not None else None
+        return self._make_state(progress, worker)
+
+    def _make_state(self, progress: st.Progress, worker: dict[str, int] | None) -> dict[str, Any]:
+        """The state of ``progress`` (and a DataLoader worker's count)."""
         return st.build(self.identity(), self.drop_remainder, progress, worker)
+
+    def _restore_state(
+        self, state: dict[str, Any], world: int
+    ) -> tuple[st.Progress, dict[str, int] | None]:
+        """The progress a (checked) state continues from on ``world`` ranks."""
+        return st.restore(state, world, self.batch_size)
 
     def state_snapshot(self) -> Callable[[], dict[str, Any]]:
         """:meth:`state_dict` as of now, cheap enough to take after every batch: the
@@ -349,7 +359,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
             return lambda: dict(state)
         progress = st.Progress(p.epoch, p.epoch_set, p.world, p.chunk, p.consumed)
         worker = dict(self._worker) if self._worker is not None else None
-        return lambda: st.build(self.identity(), self.drop_remainder, progress, worker)
+        return lambda: self._make_state(progress, worker)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration. Raises StateError if it does not fit."""

@@ -133,13 +133,14 @@ class MixPlan:
             },
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, regrouped: bool = False) -> None:
         """Continue from ``state``: exactly when it was saved with this plan's sources,
         weights, batch size and world; otherwise (weights changed, a source added or
         removed) from its step and counts under a new regime. Raises
         :class:`~stoker.errors.StateError` for a state that is not a mixture's, or one
-        saved with another world size (each source's epoch is then split again, which
-        the mixture's dataset does, not this plan)."""
+        saved with another world size unless ``regrouped`` (the caller then split each
+        source's epoch again and gives the state's ``taken`` of the new split; the
+        regime starts afresh)."""
         if not isinstance(state, dict) or state.get("mixture_state") != STATE_VERSION:
             raise StateError(
                 f"not a mixture state of version {STATE_VERSION}: "
@@ -151,7 +152,7 @@ class MixPlan:
             raise StateError("mixture state fields 'sources' and 'regime' must be objects")
         world = _nonneg(regime.get("world"), "regime.world")
         batch = _nonneg(regime.get("batch_size"), "regime.batch_size")
-        if world != self.world:
+        if world != self.world and not regrouped:
             raise StateError(f"mixture state saved with world {world}, this plan has {self.world}")
         names = self.schedule.names
         counts, epochs = [], []
@@ -173,7 +174,8 @@ class MixPlan:
             counts.append(_nonneg(src.get("count"), f"sources.{n}.count"))
             epochs.append((epoch, taken))
         same = (
-            set(sources) == set(names)
+            not regrouped
+            and set(sources) == set(names)
             and batch == self.batch_size
             and regime.get("weights") == _weights_json(self.schedule)
         )

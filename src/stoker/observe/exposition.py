@@ -104,6 +104,31 @@ class Collector:
             busy.add_metric([str(rank), str(w)], b_)
             alive.add_metric([str(rank), str(w)], a_)
         yield from (batches, samples, tokens, ready, busy, alive)
+        mixed = [(rank, s["sources"]) for rank, (s, *_) in loaders.items() if "sources" in s]
+        if mixed:
+            src_samples = CounterMetricFamily(
+                "stoker_loader_source_samples",
+                "Samples of each source of a mixture handed to training",
+                labels=["rank", "source"],
+            )
+            src_tokens = CounterMetricFamily(
+                "stoker_loader_source_tokens",
+                "Tokens of each source of a mixture handed to training",
+                labels=["rank", "source"],
+            )
+            target = GaugeMetricFamily(
+                "stoker_loader_source_target_share",
+                "The share of its samples a mixture's current weights give each source",
+                labels=["rank", "source"],
+            )
+            for rank, per in mixed:
+                for name, f in per.items():
+                    lab = [str(rank), name]
+                    src_samples.add_metric(lab, f["samples"])
+                    src_tokens.add_metric(lab, f["tokens"])
+                    if f["target"] is not None:
+                        target.add_metric(lab, f["target"])
+            yield from (src_samples, src_tokens, target)
         yield _histogram(
             HistogramMetricFamily,
             "stoker_loader_wait_seconds",

@@ -196,6 +196,18 @@ class LoaderStats:
     busy: dict[int, float] = field(default_factory=dict)  # worker -> seconds producing
     alive: dict[int, float] = field(default_factory=dict)  # worker -> seconds alive
     started: float = field(default_factory=time.monotonic)
+    #: a mixture's sources: name -> [samples, tokens] handed out, and the weights of the
+    #: step last handed out (its target shares)
+    sources: dict[str, list[int]] = field(default_factory=dict)
+    targets: dict[str, float] = field(default_factory=dict)
+
+    def sourced(self, counts: dict[str, tuple[int, int]], targets: dict[str, float]) -> None:
+        """A mixture's batch: samples and tokens per source, and its step's weights."""
+        for name, (n, t) in counts.items():
+            acc = self.sources.setdefault(name, [0, 0])
+            acc[0] += n
+            acc[1] += t
+        self.targets = dict(targets)
 
     def handed(self, samples: int, tokens: int, wait: float, step: float | None) -> None:
         self.batches += 1
@@ -226,6 +238,22 @@ class LoaderStats:
             "tokens_per_second": self.tokens / span if span > 0 else 0.0,
             "ready_batches": self.ready,
             "worker_busy_share": busy / alive if alive > 0 else None,
+            **({"sources": self._sources(span)} if self.sources else {}),
+        }
+
+    def _sources(self, span: float) -> dict[str, dict[str, Any]]:
+        """Per source of a mixture: samples, tokens, tokens per second, the share of the
+        samples handed out so far and the current target share."""
+        total = sum(n for n, _ in self.sources.values())
+        return {
+            name: {
+                "samples": n,
+                "tokens": t,
+                "tokens_per_second": t / span if span > 0 else 0.0,
+                "share": n / total if total else 0.0,
+                "target": self.targets.get(name),
+            }
+            for name, (n, t) in self.sources.items()
         }
 
 

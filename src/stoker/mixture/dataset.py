@@ -1,0 +1,472 @@
+"""``Mixture``: several datasets read as one, at set weights, with an exact state.
+
+A :class:`Mixture` is a :class:`~stoker.loader.planned.PlannedDataset` like any
+other kind: the torch DataLoader and :class:`~stoker.TokenLoader` read it as
+they read a :class:`~stoker.TokenDataset`. Its plan is the
+:class:`~stoker.mixture.plan.MixPlan` (which sources each global step's samples
+come from, each source through its own epochs), its positions map to the
+sources' sample ids by :class:`~stoker.mixture.stream.MixStream`, and its
+reader (:class:`MixReader`) hands each source's ids to that source's own reader,
+planned ahead as that source's alone. A batch holds the sources' fields and
+``source`` (the index of the row's source in :attr:`Mixture.names`);
+``sample_id`` encodes the source too (:func:`~stoker.mixture.stream.decode`).
+
+The state is the plan's (a few integers per source, whatever the position; see
+:mod:`stoker.mixture.plan`) beside the mixture's epoch and the rank's count in it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker import intervals
+from stoker.errors import ConfigError, StateError
+from stoker.loader import state as st
+from stoker.loader.batch import SAMPLE_ID, Field, Layout
+from stoker.loader.consumer import Reader
+from stoker.loader.planned import PlannedDataset
+from stoker.mixture.deal import rank_counts
+from stoker.mixture.plan import MixPlan
+from stoker.mixture.schedule import WeightSchedule
+from stoker.mixture.stream import EpochSets, MixStream, decode, epoch_set, share_start
+
+STATE_VERSION = 1
+SOURCE = "source"
+_MAX_HORIZON = 1 << 16
+
+
+class Mixture(PlannedDataset):
+    """Samples of ``sources`` (name -> dataset, every one of the same layout: token
+    datasets of one ``seq_len``) at ``weights``: a mapping name -> weight (any
+    scale), or a :class:`~stoker.WeightSchedule` of weights over global steps
+    (piecewise constant or linear).
+
+    Every global step (``batch_size`` samples on each of the world's ranks) holds
+    each source's share rounded by the quota method, so a source's count over the
+    run never strays a sample from its target (see :mod:`stoker.mixture.apportion`);
+    every rank gets ``batch_size`` samples a step. Each source runs its own epochs, in
+    its own order (its ``shuffle``): a small one starts its next epoch when it runs
+    out, a large one need not finish. The sources' own ``batch_size`` is not used.
+
+    An epoch of the mixture is ``steps_per_epoch`` steps (default: as many as the
+    sources' samples together fill), what ``len()``, ``set_epoch`` and a loader's
+    passes count; the plan runs on across epochs.
+
+    :meth:`state_dict` is small whatever the position; :meth:`load_state_dict` takes
+    a state saved with other weights (each source continues from where it stood,
+    under the new weights from the next step), with a source added (it starts at its
+    beginning) or removed (what was taken of the others stands). A state restores on
+    the world size it was saved on.
+    """
+
+    coordinated = False  # its positions follow its plan's steps, not a lease's ranges
+
+    def __init__(
+        self,
+        sources: Mapping[str, PlannedDataset],
+        weights: Mapping[str, float] | WeightSchedule,
+        *,
+        batch_size: int,
+        steps_per_epoch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not sources:
+            raise ConfigError("a mixture needs at least one source")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.sources = dict(sources)
+        self.names = tuple(self.sources)
+        if isinstance(weights, WeightSchedule):
+            schedule = weights
+            if set(schedule.names) != set(self.names):
+                raise ConfigError(
+                    f"the weight schedule names {list(schedule.names)}, the sources are "
+                    f"{list(self.names)}"
+                )
+            if schedule.names != self.names:
+                schedule = WeightSchedule.of(
+                    [
+                        (s, {n: float(w) for n, w in zip(schedule.names, ws, strict=True)})
+                        for s, ws in schedule.points
+                    ],
+                    linear=schedule.linear,
+                    names=self.names,
+                )
+        else:
+            schedule = WeightSchedule.constant({n: weights[n] for n in weights})
+            if set(schedule.names) != set(self.names):
+                raise ConfigError(
+                    f"weights name {sorted(schedule.names)}, the sources are {sorted(self.names)}"
+                )
+            schedule = WeightSchedule.constant({n: weights[n] for n in self.names})
+        self.schedule = schedule
+        first = self.sources[self.names[0]]
+        for n, ds in self.sources.items():
+            if not isinstance(ds, PlannedDataset):
+                raise ConfigError(f"source {n!r} is a {type(ds).__name__}, not a stoker dataset")
+            if dict(ds.layout) != dict(first.layout):
+                raise ConfigError(
+                    f"source {n!r} holds {dict(ds.layout)}, source {self.names[0]!r} "
+                    f"{dict(first.layout)}: a mixture's sources must hold the same fields "
+                    "(token datasets of one seq_len)"
+                )
+        self.batch_size = batch_size
+        self.rank, self.world_size = rank, world_size
+        self._world = self.placement().world
+        self.sizes = [self.sources[n].num_samples for n in self.names]
+        G = batch_size * self._world
+        if steps_per_epoch is None:
+            steps_per_epoch = max(1, sum(self.sizes) // G)
+        if steps_per_epoch < 1:
+            raise ConfigError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+        self.steps_per_epoch = steps_per_epoch
+        self.num_samples = steps_per_epoch * G
+        self.shuffle_config = first.shuffle_config  # (unused: the plan is the mixture's)
+        self.drop_remainder = True  # an epoch is whole steps: nothing is left over
+        self.name = f"mixture({', '.join(self.names)})"
+        self._anchor: dict[str, Any] | None = None  # the plan's state where walks start
+        self._sets: dict[int, tuple[int, np.ndarray]] = {}  # sources' epochs not whole
+        self._walker: MixPlan | None = None
+        self._init_epochs()
+
+    # -- the plan ----------------------------------------------------------------------
+    def _make_plan(self) -> MixPlan:
+        sizes, sets = self.sizes, dict(self._sets)
+
+        def epoch_samples(source: int, epoch: int) -> int:
+            return intervals.size(epoch_set(sizes[source], epoch, sets, source))
+
+        return MixPlan(self.schedule, self.batch_size, self._world, epoch_samples)
+
+    def _plan_at(self, step: int) -> MixPlan:
+        """This process's plan, walked to global step ``step``."""
+        w = self._walker
+        if w is None or w.step > step:
+            w = self._make_plan()
+            if self._anchor is not None:
+                w.load_state_dict(self._anchor)
+            if w.step > step:
+                raise StateError(f"{self.name}: step {step} is before the state's step {w.step}")
+            self._walker = w
+        while w.step < step:
+            w.next()
+        return w
+
+    def stream(self) -> Any:  # a MixStream: positions -> mixture sample ids
+        p = self._progress
+        step = 0 if p is None else p.epoch * self.steps_per_epoch + p.consumed // self.batch_size
+        base = self._plan_at(step).state_dict()
+        return MixStream(
+            self._make_plan,
+            base,
+            self.steps_per_epoch,
+            [self.sources[n].stream().samples for n in self.names],
+            self.sizes,
+            self._sets,
+        )
+
+    def stream_identity(self) -> str:
+        return json.dumps(self.identity(), sort_keys=True)
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "mixture": {n: self.sources[n].identity() for n in self.names},
+            "batch_size": self.batch_size,
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+
+    # -- what a batch holds, and its reader ----------------------------------------------
+    @property
+    def layout(self) -> Layout:
+        fields = {k: f for k, f in self.sources[self.names[0]].layout.items() if k != SAMPLE_ID}
+        return Layout({**fields, SOURCE: Field(torch.int64)})
+
+    def open_reader(self) -> MixReader:
+        readers: list[Reader] = []
+        try:
+            for n in self.names:
+                readers.append(self.sources[n].open_reader())
+        except BaseException:
+            for r in readers:
+                r.close()
+            raise
+        # a source of weight w sees about w of the positions planned: plan far enough
+        # ahead that each sees its own reader's horizon
+        least = [min(ws[i] for _, ws in self.schedule.points) for i in range(len(self.names))]
+        need = [int(r.horizon / w) for r, w in zip(readers, least, strict=True) if w > 0]
+        horizon = min(_MAX_HORIZON, max([*need, *(r.horizon for r in readers)]))
+        return MixReader(readers, self.layout, horizon)
+
+    def transfer_dtypes(self) -> dict[str, torch.dtype]:
+        """The narrowest dtype per field that every source's values fit."""
+        per = [self.sources[n].transfer_dtypes() for n in self.names]
+        out: dict[str, torch.dtype] = {}
+        for k in set(per[0]).intersection(*per[1:]):
+            out[k] = max((d[k] for d in per), key=lambda t: torch.empty((), dtype=t).element_size())
+            if any(d[k].is_signed != out[k].is_signed for d in per) and not out[k].is_signed:
+                del out[k]  # an unsigned dtype that a signed one may not fit: the layout's
+        return out
+
+    # -- state -------------------------------------------------------------------------
+    def _make_state(self, progress: st.Progress, worker: dict[str, int] | None) -> dict[str, Any]:
+        step = progress.epoch * self.steps_per_epoch + progress.consumed // self.batch_size
+        return {
+            "stoker_mixture": STATE_VERSION,
+            **self.identity(),
+            "world": int(progress.world),
+            "epoch": int(progress.epoch),
+            "consumed": int(progress.consumed),
+            "worker": None if worker is None else {k: int(v) for k, v in worker.items()},
+            "plan": self._plan_at(step).state_dict(),
+            "epoch_sets": {
+                self.names[i]: [e, intervals.to_list(iv)] for i, (e, iv) in self._sets.items()
+            },
+        }
+
+    def _restore_state(
+        self, state: dict[str, Any], world: int
+    ) -> tuple[st.Progress, dict[str, int] | None]:
+        if state["world"] != world:
+            raise StateError(
+                f"{self.name}: the state was saved on {state['world']} ranks, this job has "
+                f"{world}; a mixture's state restores on the world size it was saved on"
+            )
+        epoch, consumed = state["epoch"], state["consumed"]
+        N = self.num_samples
+        epoch_set = intervals.make([(epoch * N, (epoch + 1) * N)])
+        return st.Progress(epoch, epoch_set, world, self.batch_size, consumed), state["worker"]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` at the next iteration (see the class docstring for what
+        may change). Raises :class:`~stoker.StateError`, naming the field, for a state
+        that does not fit."""
+        if not isinstance(state, dict) or state.get("stoker_mixture") != STATE_VERSION:
+            raise StateError(
+                f"{self.name}: not a mixture's state of version {STATE_VERSION} (a "
+                "dataset's state loads into that dataset, not a mixture)"
+            )
+        saved = state.get("mixture")
+        if not isinstance(saved, dict):
+            raise StateError(f"{self.name}: state field 'mixture' must be an object")
+        for n in self.names:
+            if n in saved and _canon(saved[n]) != _canon(self.sources[n].identity()):
+                diff = sorted(
+                    k
+                    for k in {*saved[n], *self.sources[n].identity()}
+                    if _canon(saved[n].get(k)) != _canon(self.sources[n].identity().get(k))
+                )
+                raise StateError(
+                    f"{self.name}: source {n!r} is not the one the state was saved with "
+                    f"(differs in {', '.join(diff)})"
+                )
+        for key, mine in (("batch_size", self.batch_size), ("steps_per_epoch", None)):
+            v = state.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise StateError(f"{self.name}: state field {key!r} must be an int >= 1")
+            if mine is not None and v != mine:
+                raise StateError(
+                    f"{self.name}: the state was saved with batch_size {v}, this mixture has {mine}"
+                )
+        for key in ("world", "epoch", "consumed"):
+            v = state.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise StateError(f"{self.name}: state field {key!r} must be an int >= 0")
+        plan_state = state.get("plan")
+        if not isinstance(plan_state, dict):
+            raise StateError(f"{self.name}: state field 'plan' must be an object")
+        sets = _saved_sets(state.get("epoch_sets"), self.names, self.sizes, self.name)
+        regrouped = state["world"] != self._world
+        if regrouped:  # each source's epoch split again: what is left of it, over this world
+            plan_state, sets = _regroup(plan_state, sets, self.names, self.sizes, self.name)
+        self._sets = sets
+        trial = self._make_plan()
+        trial.load_state_dict(plan_state, regrouped=regrouped)  # StateError names the field
+        worker = state.get("worker")
+        if worker is not None and not (
+            isinstance(worker, dict)
+            and all(
+                isinstance(worker.get(k), int) and worker[k] >= 0
+                for k in ("worker", "num_workers", "yielded")
+            )
+        ):
+            raise StateError(f"{self.name}: state field 'worker' must be null or counts")
+        step = trial.step
+        # the epoch and count in this mixture's epochs (steps_per_epoch may differ)
+        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        consumed = in_epoch * self.batch_size
+        same_epochs = state["steps_per_epoch"] == self.steps_per_epoch and not regrouped
+        if same_epochs:
+            if state["epoch"] * self.steps_per_epoch + state["consumed"] // self.batch_size != step:
+                raise StateError(
+                    f"{self.name}: state fields 'epoch' {state['epoch']} and 'consumed' "
+                    f"{state['consumed']} do not reach the plan's step {step}"
+                )
+            if state["consumed"] > self.num_samples // self._world:
+                raise StateError(f"{self.name}: state field 'consumed' is past the epoch's end")
+            epoch, consumed = state["epoch"], state["consumed"]
+        pending = {
+            **state,
+            **self.identity(),
+            "mixture": {n: self.sources[n].identity() for n in self.names},
+            "epoch": epoch,
+            "consumed": consumed,
+            "world": self._world,
+            "worker": worker if same_epochs else None,
+            "plan": trial.state_dict(),
+            "epoch_sets": {
+                self.names[i]: [e, intervals.to_list(iv)] for i, (e, iv) in sets.items()
+            },
+        }
+        self._anchor = trial.state_dict()
+        self._walker = None
+        self._pending = pending
+        self._pass_key = uuid.uuid4().hex
+        self._finished = None
+        self._epoch = epoch
+        self._next_set = None
+        self._progress = None
+
+    def count_sources(
+        self, batch: Mapping[str, torch.Tensor]
+    ) -> tuple[dict[str, tuple[int, int]], dict[str, float]]:
+        """A batch's samples and tokens per source, and the weights of the step now
+        running (what a loader's per-source figures count)."""
+        src = batch[SOURCE]
+        n = torch.bincount(src.to("cpu", torch.int64), minlength=len(self.names)).tolist()
+        tokens = batch.get("tokens")
+        per_row = 0 if tokens is None or len(src) == 0 else tokens[0].numel()
+        counts = {name: (c, c * per_row) for name, c in zip(self.names, n, strict=False) if c}
+        p = self._progress
+        step = (
+            0
+            if p is None
+            else p.epoch * self.steps_per_epoch + max(p.consumed - 1, 0) // self.batch_size
+        )
+        w = self.schedule.at(step)
+        return counts, {name: float(x) for name, x in zip(self.names, w, strict=True)}
+
+    @staticmethod
+    def source_of(sample_ids: np.ndarray) -> np.ndarray:
+        """The source index (into :attr:`names`) of mixture sample ids."""
+        return decode(sample_ids)[0]
+
+
+def _saved_sets(
+    raw: Any, names: tuple[str, ...], sizes: list[int], where: str
+) -> dict[int, tuple[int, np.ndarray]]:
+    """A state's ``epoch_sets`` (source -> [epoch, intervals]) of this mixture's sources,
+    checked: each inside its epoch's stream range."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise StateError(f"{where}: state field 'epoch_sets' must be an object")
+    out: dict[int, tuple[int, np.ndarray]] = {}
+    for n, v in raw.items():
+        field = f"epoch_sets.{n}"
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and v[0] >= 0):
+            raise StateError(f"{where}: state field {field!r} must be [epoch, intervals]")
+        if n not in names:
+            continue  # a source removed at this restore
+        i = names.index(n)
+        e, pairs = v
+        try:
+            iv = intervals.make([(int(a), int(b)) for a, b in pairs])
+        except (TypeError, ValueError) as err:
+            raise StateError(f"{where}: state field {field!r} holds no intervals: {err}") from None
+        lo, hi = e * sizes[i], (e + 1) * sizes[i]
+        if len(iv) > st.MAX_INTERVALS or (len(iv) and (iv[0, 0] < lo or iv[-1, 1] > hi)):
+            raise StateError(
+                f"{where}: state field {field!r} is not inside epoch {e}'s positions "
+                f"[{lo}, {hi}) of source {n!r}"
+            )
+        if len(iv):
+            out[i] = (e, iv)
+    return out
+
+
+def _regroup(
+    plan_state: dict[str, Any],
+    sets: EpochSets,
+    names: tuple[str, ...],
+    sizes: list[int],
+    where: str,
+) -> tuple[dict[str, Any], dict[int, tuple[int, np.ndarray]]]:
+    """A plan state saved on another world size, made one of this world: every source's
+    current epoch becomes what its old ranks had not taken of it (each rank a prefix of
+    its contiguous share, of a length that follows from the source's count), dealt
+    afresh from zero taken."""
+    regime, saved = plan_state.get("regime"), plan_state.get("sources")
+    if not isinstance(regime, dict) or not isinstance(saved, dict):
+        raise StateError(f"{where}: state fields 'plan.regime' and 'plan.sources' must be objects")
+    old_world = regime.get("world")
+    if isinstance(old_world, bool) or not isinstance(old_world, int) or old_world < 1:
+        raise StateError(f"{where}: state field 'plan.regime.world' must be an int >= 1")
+    out_sources: dict[str, Any] = {}
+    out_sets: dict[int, tuple[int, np.ndarray]] = {}
+    for n, src in saved.items():
+        if n not in names or not isinstance(src, dict):
+            out_sources[n] = src  # removed (or malformed: the plan's check names it)
+            continue
+        i = names.index(n)
+        e, taken = src.get("epoch"), src.get("taken")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in (e, taken)):
+            raise StateError(
+                f"{where}: state fields 'plan.sources.{n}.epoch' and 'taken' must be ints >= 0"
+            )
+        e, taken = int(e), int(taken)  # type: ignore[arg-type]
+        iv = epoch_set(sizes[i], e, sets, i)
+        size = intervals.size(iv)
+        if taken >= size:
+            raise StateError(
+                f"{where}: state field 'plan.sources.{n}.taken' is {taken}, but its epoch "
+                f"{e} deals {size} samples"
+            )
+        counts = rank_counts(taken, old_world)
+        gone = [
+            intervals.slice_ordered(iv, start, start + int(c))
+            for start, c in ((share_start(size, old_world, r), counts[r]) for r in range(old_world))
+        ]
+        left = intervals.subtract(iv, intervals.make(np.concatenate([*gone, np.zeros((0, 2))])))
+        out_sources[n] = {**src, "taken": 0}
+        out_sets[i] = (e, left)
+    return {**plan_state, "sources": out_sources}, out_sets
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=int)
+
+
+class MixReader:
+    """Rows of a mixture's samples: each source's ids go to that source's reader, planned
+    in the order they come (a source's reader sees only its own samples)."""
+
+    def __init__(self, readers: list[Reader], layout: Layout, horizon: int) -> None:
+        self.readers, self.layout, self.horizon = readers, layout, horizon
+
+    def plan(self, upcoming: np.ndarray) -> None:
+        src, ids = decode(upcoming)
+        for i, r in enumerate(self.readers):
+            r.plan(ids[src == i])
+
+    def fill(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        src, sid = decode(ids)
+        out[SOURCE][...] = src
+        # a rank's step holds its sources' samples in runs: each run read straight
+        # into its rows
+        cuts = np.flatnonzero(np.diff(src)) + 1
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(src)], strict=True):
+            if a < b:
+                part = {k: v[a:b] for k, v in out.items() if k not in (SOURCE, SAMPLE_ID)}
+                self.readers[int(src[a])].fill(sid[a:b], part)
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()

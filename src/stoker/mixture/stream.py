@@ -1,0 +1,162 @@
+"""A mixture's positions -> its sources' sample ids (pure).
+
+A mixture's epoch is ``steps_per_epoch`` global steps of ``batch_size`` samples a
+rank; its stream positions are cut across ranks as a single dataset's are
+(:class:`~stoker.plan.EpochSplit`: rank ``r``'s share is the contiguous run
+``[e N + r P, e N + (r + 1) P)`` of epoch ``e``, ``P = steps_per_epoch x
+batch_size`` and ``N = P x world``), so rank-local sample ``m`` of epoch ``e`` is
+item ``m % batch_size`` of the rank's part of global step ``e x steps_per_epoch + m
+// batch_size``. What that item is comes from the :class:`~stoker.mixture.plan.MixPlan`:
+``(source, source epoch, owner rank, local index)``. A source's epoch ``f`` holds
+its stream positions ``[f S, (f + 1) S)`` (``S`` its samples), cut into one
+contiguous share per rank; the item is the owner's share's ``local index``-th
+position, mapped to a sample id by the source's own plan (its shuffle).
+
+A mixture's sample id encodes the source: ``source << SOURCE_SHIFT | id``
+(:func:`encode`, :func:`decode`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from stoker import intervals
+from stoker.mixture.plan import MixPlan
+
+#: Bits of a mixture's sample id that hold the source's own sample id.
+SOURCE_SHIFT = 48
+_MASK = (1 << SOURCE_SHIFT) - 1
+
+
+def encode(source: np.ndarray | int, ids: np.ndarray) -> np.ndarray:
+    """Mixture sample ids of source ``source``'s sample ``ids``."""
+    return (np.asarray(source, dtype=np.int64) << SOURCE_SHIFT) | np.asarray(ids, dtype=np.int64)
+
+
+def decode(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(source, the source's sample id)`` of mixture sample ids."""
+    a = np.asarray(ids, dtype=np.int64)
+    return a >> SOURCE_SHIFT, a & _MASK
+
+
+#: A source's current epoch, when it is not its whole stream range: ``(epoch, the
+#: interval set of its positions left)`` (after a restore on another world size).
+EpochSets = Mapping[int, tuple[int, np.ndarray]]
+
+
+def epoch_set(size: int, epoch: int, sets: EpochSets, source: int) -> np.ndarray:
+    """The interval set of source ``source``'s epoch ``epoch`` (``size`` samples an epoch)."""
+    got = sets.get(source)
+    if got is not None and got[0] == epoch:
+        return got[1]
+    return intervals.make([(epoch * size, (epoch + 1) * size)])
+
+
+def share_positions(iv: np.ndarray, world: int, owner: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Stream positions of ``local`` samples of ``owner`` ranks' contiguous shares of the
+    epoch set ``iv`` (:func:`share_start`)."""
+    n = intervals.size(iv)
+    return intervals.members_at(iv, owner * (n // world) + np.minimum(owner, n % world) + local)
+
+
+def share_start(size: int, world: int, rank: int) -> int:
+    """Where rank ``rank``'s contiguous share of an epoch of ``size`` samples begins
+    (shares of ``ceil((size - r) / world)``: rank ``r`` takes sample ``k`` of the epoch
+    when ``k % world == r``, as :func:`~stoker.mixture.deal.rank_counts` counts)."""
+    return rank * (size // world) + min(rank, size % world)
+
+
+class MixStream:
+    """Positions of a mixture's epochs (``per_rank`` samples a rank each) -> mixture
+    sample ids, from a plan that starts at ``base`` (a :meth:`MixPlan.state_dict`, or
+    None for step 0); ``make_plan()`` makes a fresh plan, ``source_samples[i](positions)``
+    maps source ``i``'s stream positions to its sample ids, ``sizes[i]`` its samples an
+    epoch, ``sets`` the sources whose current epoch is not whole.
+
+    Steps are planned in order (each from the one before); the ids of the steps asked
+    for are kept for the last :data:`KEEP` steps, and a step before those is planned
+    again from ``base``."""
+
+    KEEP = 1 << 14
+
+    def __init__(
+        self,
+        make_plan: Callable[[], MixPlan],
+        base: dict[str, Any] | None,
+        steps_per_epoch: int,
+        source_samples: Sequence[Callable[[np.ndarray], np.ndarray]],
+        sizes: Sequence[int],
+        sets: EpochSets | None = None,
+    ) -> None:
+        self.make_plan, self.base = make_plan, base
+        self.spe = steps_per_epoch
+        self.source_samples, self.sizes = source_samples, sizes
+        self.sets = dict(sets or {})
+        self._plan = self._fresh()
+        self.first_step = self._plan.step
+        self.B = self._plan.batch_size
+        self.world = self._plan.world
+        self.per_rank = self.spe * self.B
+        self._kept: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._ranks: set[int] = set()
+
+    def _fresh(self) -> MixPlan:
+        p = self.make_plan()
+        if self.base is not None:
+            p.load_state_dict(self.base)
+        return p
+
+    def samples(self, positions: np.ndarray) -> np.ndarray:
+        p = np.asarray(positions, dtype=np.int64)
+        N = self.per_rank * self.world
+        epoch, q = np.divmod(p, N)
+        rank, m = np.divmod(q, self.per_rank)
+        step = epoch * self.spe + m // self.B
+        j = m % self.B
+        out = np.empty_like(p)
+        key = step * self.world + rank
+        # positions come a batch (a step) at a time: one lookup per run of one step
+        cuts = np.flatnonzero(np.diff(key)) + 1
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(p)], strict=True):
+            if a == b:
+                continue
+            ids = self.rank_ids(int(step[a]), int(rank[a]))
+            out[a:b] = ids[j[a:b]]
+        return out
+
+    def rank_ids(self, step: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s mixture sample ids of global step ``step``, in batch order."""
+        got = self._kept.get((step, rank))
+        if got is not None:
+            return got
+        if step < self.first_step:
+            raise IndexError(f"step {step} is before this stream's first step {self.first_step}")
+        self._ranks.add(rank)
+        if step < self._plan.step:  # gone from what is kept: plan again from the start
+            self._plan = self._fresh()
+        while self._plan.step <= step:
+            s = self._plan.next()
+            for r in sorted(self._ranks):
+                self._keep((s.step, r), self._items(s.rank_items(r)))
+        return self._kept[(step, rank)]
+
+    def _keep(self, key: tuple[int, int], ids: np.ndarray) -> None:
+        self._kept[key] = ids
+        while len(self._kept) > self.KEEP * max(1, len(self._ranks)):
+            self._kept.popitem(last=False)
+
+    def _items(self, items: list[tuple[int, int, int, int]]) -> np.ndarray:
+        a = np.asarray(items, dtype=np.int64).reshape(-1, 4)
+        src, epoch, owner, local = a.T
+        out = np.empty(len(a), dtype=np.int64)
+        for i in np.unique(src).tolist():
+            for e in np.unique(epoch[src == i]).tolist():
+                sel = (src == i) & (epoch == e)
+                iv = epoch_set(self.sizes[i], e, self.sets, i)
+                pos = share_positions(iv, self.world, owner[sel], local[sel])
+                out[sel] = encode(i, self.source_samples[i](pos))
+        return out

@@ -1,0 +1,342 @@
+"""stoker.Mixture: several token datasets at set weights, through every static reader,
+with a small exact state."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+import stoker
+from stoker.mixture.stream import decode
+
+from .helpers import Written, write_dataset
+
+SEQ_LEN = 16
+BATCH = 4
+WEIGHTS = {"web": 0.5, "code": 0.3, "book": 0.2}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Written]:
+    root = tmp_path_factory.mktemp("mixture")
+    docs = {"web": 200, "code": 60, "book": 30}
+    return {
+        n: write_dataset(root / n, num_docs=d, seed=i, block_tokens=512)
+        for i, (n, d) in enumerate(docs.items())
+    }
+
+
+def sources(
+    written: dict[str, Written], names: list[str] | None = None
+) -> dict[str, stoker.TokenDataset]:
+    return {
+        n: stoker.TokenDataset(
+            str(written[n].path),
+            SEQ_LEN,
+            shard_size=5,
+            window_shards=3,
+            seed=list(written).index(n),
+        )
+        for n in names or list(written)
+    }
+
+
+def make(written: dict[str, Written], weights: object = None, **kw: object) -> stoker.Mixture:
+    w = weights if weights is not None else WEIGHTS
+    names = list(w.names) if isinstance(w, stoker.WeightSchedule) else list(w)  # type: ignore[attr-defined]
+    return stoker.Mixture(sources(written, names), w, batch_size=BATCH, **kw)  # type: ignore[arg-type]
+
+
+def ids_of(batches: list[dict]) -> list[list[int]]:
+    return [b["sample_id"].tolist() for b in batches]
+
+
+def check_tokens(written: dict[str, Written], names: tuple[str, ...], batches: list[dict]) -> None:
+    """Every row's tokens and mask are its source's sample, and ``source`` names it."""
+    for b in batches:
+        src, sid = decode(b["sample_id"].numpy())
+        np.testing.assert_array_equal(b["source"].numpy(), src)
+        for i in range(len(sid)):
+            tokens, mask = written[names[src[i]]].sample(int(sid[i]), SEQ_LEN)
+            np.testing.assert_array_equal(b["tokens"][i].numpy(), tokens)
+            np.testing.assert_array_equal(b["doc_start_mask"][i].numpy(), mask)
+
+
+def test_every_reader_gives_the_same_batches_of_the_right_samples(
+    written: dict[str, Written],
+) -> None:
+    ref = list(stoker.TokenLoader(make(written), 0))
+    check_tokens(written, tuple(WEIGHTS), ref)
+    assert all(len(b["sample_id"]) == BATCH for b in ref)
+    assert len(ref) == make(written).steps_per_epoch
+    for nw in (1, 2):
+        assert ids_of(list(stoker.TokenLoader(make(written), nw))) == ids_of(ref)
+    for nw in (0, 2):
+        got = list(DataLoader(make(written), batch_size=BATCH, num_workers=nw))
+        assert ids_of(got) == ids_of(ref)
+
+
+def test_realised_share_stays_within_one_sample_of_the_target(written: dict[str, Written]) -> None:
+    batches = list(stoker.TokenLoader(make(written), 2))
+    counts = np.zeros(3, dtype=np.int64)
+    target = [Fraction(5, 10), Fraction(3, 10), Fraction(2, 10)]
+    for n, b in enumerate(batches, 1):
+        counts += np.bincount(b["source"].numpy(), minlength=3)
+        for i in range(3):
+            assert abs(counts[i] - target[i] * n * BATCH) < 1, (n, counts.tolist())
+
+
+def test_each_source_runs_its_own_epochs_each_sample_once_an_epoch(
+    written: dict[str, Written],
+) -> None:
+    mix = make(written)
+    loader = stoker.TokenLoader(mix, 2)
+    taken: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for _ in range(2):  # two mixture epochs: the small sources run through several of theirs
+        for b in loader:
+            src, sid = decode(b["sample_id"].numpy())
+            for s, i in zip(src.tolist(), sid.tolist(), strict=True):
+                taken[s].append(i)
+    for s, name in enumerate(WEIGHTS):
+        size = written[name].num_samples(SEQ_LEN)
+        ids = taken[s]
+        assert len(ids) > size or s == 0
+        full = len(ids) // size
+        for e in range(full):  # every whole epoch of the source is a permutation
+            assert sorted(ids[e * size : (e + 1) * size]) == list(range(size)), (name, e)
+        if full >= 2:  # a fresh order each epoch
+            assert ids[:size] != ids[size : 2 * size]
+        rest = ids[full * size :]
+        assert len(set(rest)) == len(rest)
+
+
+@pytest.mark.parametrize(("before", "after"), [(0, 2), (2, 0), (2, 2)])
+def test_resume_is_exact_and_the_state_small(
+    written: dict[str, Written], before: int, after: int
+) -> None:
+    ref = ids_of(list(stoker.TokenLoader(make(written), 0)))
+    loader = stoker.TokenLoader(make(written), before)
+    it = iter(loader)
+    taken = [next(it)["sample_id"].tolist() for _ in range(150)]
+    state = loader.state_dict()
+    it.close()
+    early = stoker.TokenLoader(make(written), 0)
+    it = iter(early)
+    next(it)
+    small = early.state_dict()
+    it.close()
+    assert len(json.dumps(state)) <= len(json.dumps(small)) + 16  # O(1) in the position
+    resumed = stoker.TokenLoader(make(written), after)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert taken + ids_of(list(resumed)) == ref
+
+
+def test_dataloader_worker_state_resumes_mid_epoch(written: dict[str, Written]) -> None:
+    """Iterated sample by sample in this process (as a DataLoader worker reads), broken
+    off mid-step."""
+    ref = [x["sample_id"] for x in make(written)]
+    ds = make(written)
+    it = iter(ds)
+    head = [next(it)["sample_id"] for _ in range(37)]  # not a whole step
+    state = ds.state_dict()
+    del it
+    again = make(written)
+    again.load_state_dict(state)
+    assert head + [x["sample_id"] for x in again] == ref
+
+
+def per_source(batches: list[dict]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for b in batches:
+        src, sid = decode(b["sample_id"].numpy())
+        for s, i in zip(src.tolist(), sid.tolist(), strict=True):
+            out.setdefault(s, []).append(i)
+    return out
+
+
+def test_new_weights_at_a_restore_continue_every_source(written: dict[str, Written]) -> None:
+    loader = stoker.TokenLoader(make(written), 0)
+    it = iter(loader)
+    head = [next(it) for _ in range(60)]
+    state = loader.state_dict()
+    it.close()
+    new = {"web": 0.2, "code": 0.2, "book": 0.6}
+    resumed = stoker.TokenLoader(make(written, new), 2)
+    resumed.load_state_dict(state)
+    tail = list(resumed)
+    # the same run as one that had kept going, source by source: each continues its order
+    straight = per_source(list(stoker.TokenLoader(make(written), 0)))
+    both = per_source(head + tail)
+    for s in range(3):
+        n = min(len(both[s]), len(straight[s]))
+        size = written[list(WEIGHTS)[s]].num_samples(SEQ_LEN)
+        n = min(n, size)  # the source's first epoch: one order, whatever the weights
+        assert both[s][:n] == straight[s][:n]
+    # the new weights from the restore on, within a sample of their targets
+    counts = np.zeros(3, dtype=np.int64)
+    for k, b in enumerate(tail, 1):
+        counts += np.bincount(b["source"].numpy(), minlength=3)
+        for i, w in enumerate((0.2, 0.2, 0.6)):
+            assert abs(counts[i] - Fraction(w) * k * BATCH) < 1
+
+
+def test_a_source_added_or_removed_at_a_restore(written: dict[str, Written]) -> None:
+    two = {"web": 0.6, "code": 0.4}
+    loader = stoker.TokenLoader(make(written, two), 0)
+    it = iter(loader)
+    head = [next(it) for _ in range(30)]
+    state = loader.state_dict()
+    it.close()
+    resumed = stoker.TokenLoader(make(written, WEIGHTS), 0)  # book added
+    resumed.load_state_dict(state)
+    tail = list(resumed)
+    names = tuple(WEIGHTS)
+    check_tokens(written, names, tail)
+    before = per_source(head)  # indices of the two-source mixture: web 0, code 1
+    after = per_source(tail)
+    for s in (0, 1):  # web and code continue, nothing of their first epoch twice
+        size = written[names[s]].num_samples(SEQ_LEN)
+        run = (before[s] + after[s])[:size]
+        assert len(set(run)) == len(run)
+    book = written["book"].num_samples(SEQ_LEN)
+    assert sorted(after[2][:book]) == list(range(book))  # from its beginning
+    # and a source removed: the state of three restores into two
+    loader = stoker.TokenLoader(make(written), 0)
+    it = iter(loader)
+    [next(it) for _ in range(10)]
+    state = loader.state_dict()
+    it.close()
+    fewer = stoker.TokenLoader(make(written, {"book": 1, "code": 1}), 0)
+    fewer.load_state_dict(state)
+    got = list(fewer)
+    assert set(np.concatenate([b["source"].numpy() for b in got]).tolist()) == {0, 1}
+
+
+def test_ranks_share_each_step_without_overlap(written: dict[str, Written]) -> None:
+    world = 3
+    ranks = [
+        ids_of(list(stoker.TokenLoader(make(written, rank=r, world_size=world), 0)))
+        for r in range(world)
+    ]
+    assert len({len(r) for r in ranks}) == 1
+    per_step = [[i for r in range(world) for i in ranks[r][s]] for s in range(len(ranks[0]))]
+    assert all(len(ids) == len(set(ids)) == BATCH * world for ids in per_step)
+    for s, name in enumerate(WEIGHTS):
+        first_epoch_once(per_step, s, written[name].num_samples(SEQ_LEN))
+
+
+def first_epoch_once(per_step: list[list[int]], s: int, size: int) -> None:
+    """Source ``s``'s first epoch comes once over the steps (every rank's ids of each):
+    no sample twice before the step that ends it, every sample by then."""
+    seen: list[int] = []
+    for ids in per_step:
+        src, sid = decode(np.array(ids))
+        mine = sid[src == s].tolist()
+        if len(seen) + len(mine) > size:  # this step ends the epoch (and starts the next)
+            assert set(range(size)) <= set(seen + mine)
+            return
+        seen += mine
+        assert len(set(seen)) == len(seen), s
+    assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1)])
+def test_restore_on_another_world_size(
+    written: dict[str, Written], before: int, after: int
+) -> None:
+    k = 40  # steps before the restore
+    states, head = [], []
+    for r in range(before):
+        loader = stoker.TokenLoader(make(written, rank=r, world_size=before), 0)
+        it = iter(loader)
+        head.append([next(it)["sample_id"].tolist() for _ in range(k)])
+        states.append(loader.state_dict())
+        it.close()
+    plans = [json.dumps(x["plan"], sort_keys=True) for x in states]
+    assert len(set(plans)) == 1  # every rank's state is the same plan
+    tail = []
+    for r in range(after):
+        resumed = stoker.TokenLoader(make(written, rank=r, world_size=after), 0)
+        resumed.load_state_dict(json.loads(json.dumps(states[0])))
+        tail.append(ids_of(list(resumed)))
+    assert len({len(t) for t in tail}) == 1
+    steps = [[i for r in range(before) for i in head[r][j]] for j in range(k)]
+    steps += [[i for r in range(after) for i in tail[r][j]] for j in range(len(tail[0]))]
+    for s, name in enumerate(WEIGHTS):
+        first_epoch_once(steps, s, written[name].num_samples(SEQ_LEN))
+    # the weights still hold over the whole run, within a sample of the target per stretch
+    counts = np.zeros(3, dtype=np.int64)
+    for n, ids in enumerate(steps[k:], 1):
+        counts += np.bincount(decode(np.array(ids))[0], minlength=3)
+        for i, w in enumerate(WEIGHTS.values()):
+            assert abs(counts[i] - Fraction(w) * n * BATCH * after) < 1
+
+
+def test_a_schedule_of_weights(written: dict[str, Written]) -> None:
+    schedule = stoker.WeightSchedule.of(
+        [(0, {"web": 1, "code": 0, "book": 0}), (20, {"web": 0, "code": 1, "book": 1})]
+    )
+    batches = list(stoker.TokenLoader(make(written, schedule, steps_per_epoch=40), 0))
+    assert len(batches) == 40
+    assert all(set(b["source"].tolist()) == {0} for b in batches[:20])
+    later = np.concatenate([b["source"].numpy() for b in batches[20:]])
+    assert set(later.tolist()) == {1, 2} and abs(int((later == 1).sum()) - 40) <= 1
+
+
+def test_bad_configurations_and_states_are_refused(written: dict[str, Written]) -> None:
+    with pytest.raises(stoker.ConfigError, match="weights name"):
+        stoker.Mixture(sources(written), {"web": 1}, batch_size=BATCH)
+    other = {
+        "a": stoker.TokenDataset(str(written["web"].path), SEQ_LEN),
+        "b": stoker.TokenDataset(str(written["code"].path), SEQ_LEN * 2),
+    }
+    with pytest.raises(stoker.ConfigError, match="same fields"):
+        stoker.Mixture(other, {"a": 1, "b": 1}, batch_size=BATCH)
+    with pytest.raises(stoker.ConfigError, match="coordinator"):
+        stoker.TokenLoader(make(written), coordinator="rank0")
+    mix = make(written)
+    with pytest.raises(stoker.StateError, match="not a mixture"):
+        mix.load_state_dict(sources(written)["web"].state_dict())
+    state = make(written).state_dict()
+    bad = json.loads(json.dumps(state))
+    bad["plan"]["sources"]["web"]["taken"] = 10**9
+    with pytest.raises(stoker.StateError, match=r"sources\.web\.taken"):
+        make(written).load_state_dict(bad)
+    changed = stoker.Mixture(
+        {**sources(written), "web": stoker.TokenDataset(str(written["web"].path), SEQ_LEN, seed=9)},
+        WEIGHTS,
+        batch_size=BATCH,
+    )
+    with pytest.raises(stoker.StateError, match=r"source 'web'.*seed"):
+        changed.load_state_dict(state)
+
+
+def test_per_source_figures_in_stats_and_prometheus(written: dict[str, Written]) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stoker.observe.exposition import Collector
+
+    rank, world = 5, 6  # a rank no other test of this process counts under
+    loader = stoker.TokenLoader(make(written, rank=rank, world_size=world), 2)
+    got = np.concatenate([b["source"].numpy() for b in loader])
+    per = loader.stats()["sources"]
+    assert set(per) == set(WEIGHTS)
+    for i, name in enumerate(WEIGHTS):
+        n = int((got == i).sum())
+        assert per[name]["samples"] == n
+        assert per[name]["tokens"] == n * (SEQ_LEN + 1)
+        assert per[name]["share"] == pytest.approx(n / len(got))
+        assert per[name]["target"] == pytest.approx(WEIGHTS[name])
+    reg = CollectorRegistry()
+    reg.register(Collector())
+    seen = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            if s.name == "stoker_loader_source_samples_total" and s.labels["rank"] == str(rank):
+                seen[s.labels["source"]] = s.value
+    assert seen == {name: per[name]["samples"] for name in WEIGHTS}
