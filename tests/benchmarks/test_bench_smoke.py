@@ -127,3 +127,21 @@ def test_convert_bench_quick_converts_every_format_whole() -> None:
         "parquet",
         ".npy",
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mixture_bench_quick_keeps_the_shares() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/mixture_bench.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = json.loads((ROOT / "benchmarks/.work/mixture/results-quick.json").read_text())
+    assert out["worst_share_deviation_samples"] < 1
+    assert set(out["median_tok_s"]) == {"single nw0", "mixture nw0", "single nw2", "mixture nw2"}
+    assert all(v > 0 for v in out["median_tok_s"].values())
+    # the resumed process was given the state: it read from 40% on, not from the start
+    assert out["state_batches"] > 0

@@ -134,6 +134,8 @@ class Mixture(PlannedDataset):
         self.name = f"mixture({', '.join(self.names)})"
         self._anchor: dict[str, Any] | None = None  # the plan's state where walks start
         self._sets: dict[int, tuple[int, np.ndarray]] = {}  # sources' epochs not whole
+        self._target_key: int | None = None  # (count_sources' weights, kept)
+        self._target: dict[str, float] = {}
         self._walker: MixPlan | None = None
         self._init_epochs()
 
@@ -339,8 +341,8 @@ class Mixture(PlannedDataset):
     ) -> tuple[dict[str, tuple[int, int]], dict[str, float]]:
         """A batch's samples and tokens per source, and the weights of the step now
         running (what a loader's per-source figures count)."""
-        src = batch[SOURCE]
-        n = torch.bincount(src.to("cpu", torch.int64), minlength=len(self.names)).tolist()
+        src = batch[SOURCE].numpy()
+        n = np.bincount(src, minlength=len(self.names)).tolist()
         tokens = batch.get("tokens")
         per_row = 0 if tokens is None or len(src) == 0 else tokens[0].numel()
         counts = {name: (c, c * per_row) for name, c in zip(self.names, n, strict=False) if c}
@@ -350,8 +352,18 @@ class Mixture(PlannedDataset):
             if p is None
             else p.epoch * self.steps_per_epoch + max(p.consumed - 1, 0) // self.batch_size
         )
-        w = self.schedule.at(step)
-        return counts, {name: float(x) for name, x in zip(self.names, w, strict=True)}
+        return counts, self._targets(step)
+
+    def _targets(self, step: int) -> dict[str, float]:
+        """The weights of ``step`` by source name (kept while they stay the same)."""
+        s = self.schedule
+        i = s.segment(step)
+        key = step if s.linear and i + 1 < len(s.points) else -1 - i
+        if self._target_key != key:
+            w = s.at(step)
+            self._target_key = key
+            self._target = {name: float(x) for name, x in zip(self.names, w, strict=True)}
+        return self._target
 
     @staticmethod
     def source_of(sample_ids: np.ndarray) -> np.ndarray:

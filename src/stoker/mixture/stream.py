@@ -117,19 +117,24 @@ class MixStream:
         rank, m = np.divmod(q, self.per_rank)
         step = epoch * self.spe + m // self.B
         j = m % self.B
-        out = np.empty_like(p)
         key = step * self.world + rank
-        # positions come a batch (a step) at a time: one lookup per run of one step
+        # positions come a batch (a step) at a time: one lookup per run of one step, then
+        # one mapping per source and epoch for them all (a source's plan maps an array
+        # for about the cost of one position)
+        items = np.empty((len(p), 4), dtype=np.int64)
         cuts = np.flatnonzero(np.diff(key)) + 1
         for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(p)], strict=True):
-            if a == b:
-                continue
-            ids = self.rank_ids(int(step[a]), int(rank[a]))
-            out[a:b] = ids[j[a:b]]
-        return out
+            if a < b:
+                items[a:b] = self.rank_items(int(step[a]), int(rank[a]))[j[a:b]]
+        return self._ids(items)
 
     def rank_ids(self, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s mixture sample ids of global step ``step``, in batch order."""
+        return self._ids(self.rank_items(step, rank))
+
+    def rank_items(self, step: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s items of global step ``step``: rows of ``(source, source
+        epoch, owner rank, local index)``, in batch order."""
         got = self._kept.get((step, rank))
         if got is not None:
             return got
@@ -141,7 +146,8 @@ class MixStream:
         while self._plan.step <= step:
             s = self._plan.next()
             for r in sorted(self._ranks):
-                self._keep((s.step, r), self._items(s.rank_items(r)))
+                items = np.asarray(s.rank_items(r), dtype=np.int64).reshape(-1, 4)
+                self._keep((s.step, r), items)
         return self._kept[(step, rank)]
 
     def _keep(self, key: tuple[int, int], ids: np.ndarray) -> None:
@@ -149,10 +155,10 @@ class MixStream:
         while len(self._kept) > self.KEEP * max(1, len(self._ranks)):
             self._kept.popitem(last=False)
 
-    def _items(self, items: list[tuple[int, int, int, int]]) -> np.ndarray:
-        a = np.asarray(items, dtype=np.int64).reshape(-1, 4)
-        src, epoch, owner, local = a.T
-        out = np.empty(len(a), dtype=np.int64)
+    def _ids(self, items: np.ndarray) -> np.ndarray:
+        """Mixture sample ids of rows of ``(source, source epoch, owner, local index)``."""
+        src, epoch, owner, local = items.T
+        out = np.empty(len(items), dtype=np.int64)
         for i in np.unique(src).tolist():
             for e in np.unique(epoch[src == i]).tolist():
                 sel = (src == i) & (epoch == e)

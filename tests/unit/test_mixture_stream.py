@@ -1,0 +1,101 @@
+"""The mixture's position map (stoker.mixture.stream): pure, tested without data."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from stoker import intervals
+from stoker.mixture.plan import MixPlan
+from stoker.mixture.schedule import WeightSchedule
+from stoker.mixture.stream import MixStream, decode, encode, share_positions, share_start
+
+SCHEDULE = WeightSchedule.constant({"a": 5, "b": 3, "c": 2})
+SIZES = [50, 17, 9]
+
+
+def stream(world: int, batch: int, spe: int, base: dict | None = None) -> MixStream:
+    return MixStream(
+        lambda: MixPlan(SCHEDULE, batch, world, lambda i, _e: SIZES[i]),
+        base,
+        spe,
+        [lambda p: np.asarray(p, dtype=np.int64) for _ in SIZES],  # position = id
+        SIZES,
+    )
+
+
+@given(
+    size=hs.integers(1, 200),
+    world=hs.integers(1, 9),
+    cut=hs.lists(hs.tuples(hs.integers(0, 300), hs.integers(1, 40)), max_size=4),
+)
+def test_shares_cover_an_epoch_set_once_in_contiguous_runs(
+    size: int, world: int, cut: list[tuple[int, int]]
+) -> None:
+    iv = intervals.subtract(
+        intervals.make([(1000, 1000 + size)]),
+        intervals.make([(1000 + a, 1000 + a + n) for a, n in cut]),
+    )
+    n = intervals.size(iv)
+    got = []
+    for r in range(world):
+        k = -(-(n - r) // world) if n > r else 0  # rank r's share: ceil((n - r) / world)
+        assert share_start(n, world, r) == sum(-(-(n - q) // world) for q in range(r))
+        pos = share_positions(iv, world, np.full(k, r), np.arange(k))
+        got.extend(pos.tolist())
+    assert got == intervals.members_at(iv, np.arange(n)).tolist()
+
+
+def test_ids_encode_their_source() -> None:
+    src, ids = decode(encode(np.array([0, 2, 7]), np.array([5, (1 << 48) - 1, 0])))
+    assert src.tolist() == [0, 2, 7] and ids.tolist() == [5, (1 << 48) - 1, 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(world=hs.integers(1, 4), batch=hs.integers(1, 6), spe=hs.integers(1, 12))
+def test_every_rank_every_step_and_each_source_epoch_once(world: int, batch: int, spe: int) -> None:
+    s = stream(world, batch, spe)
+    per_rank = spe * batch
+    steps = 3 * spe
+    seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for step in range(steps):
+        e, m = divmod(step, spe)
+        row = []
+        for r in range(world):
+            pos = e * per_rank * world + r * per_rank + m * batch + np.arange(batch)
+            ids = s.samples(pos)
+            assert np.array_equal(ids, s.rank_ids(step, r))
+            row.extend(ids.tolist())
+        assert len(set(row)) == len(row) == world * batch
+        src, sid = decode(np.array(row))
+        for i in range(3):
+            seen[i].extend(sid[src == i].tolist())
+    for i, size in enumerate(SIZES):
+        ids = np.array(seen[i], dtype=np.int64)  # source epoch f: [f S, (f + 1) S), once each
+        for f in range(int(ids.max()) // size + 1 if len(ids) else 0):
+            mine = ids[ids // size == f]
+            assert len(set(mine.tolist())) == len(mine)
+            if f < len(ids) // size:  # an epoch that has run out by now was read whole
+                assert len(mine) == size
+
+
+def test_a_stream_from_a_state_maps_as_the_one_from_the_start() -> None:
+    world, batch, spe = 3, 4, 10
+    plan = MixPlan(SCHEDULE, batch, world, lambda i, _e: SIZES[i])
+    for _ in range(13):
+        plan.next()
+    late = stream(world, batch, spe, plan.state_dict())
+    early = stream(world, batch, spe)
+    for step in range(13, 40):
+        for r in range(world):
+            assert np.array_equal(late.rank_ids(step, r), early.rank_ids(step, r))
+
+
+def test_a_step_gone_from_what_is_kept_is_planned_again() -> None:
+    s = stream(2, 3, 5)
+    s.KEEP = 4  # type: ignore[misc]
+    first = [s.rank_ids(step, 1).copy() for step in range(12)]
+    assert (0, 1) not in s._kept
+    assert np.array_equal(s.rank_ids(0, 1), first[0])
+    assert np.array_equal(s.rank_ids(1, 0), stream(2, 3, 5).rank_ids(1, 0))
