@@ -340,3 +340,69 @@ def test_per_source_figures_in_stats_and_prometheus(written: dict[str, Written])
             if s.name == "stoker_loader_source_samples_total" and s.labels["rank"] == str(rank):
                 seen[s.labels["source"]] = s.value
     assert seen == {name: per[name]["samples"] for name in WEIGHTS}
+
+
+def mid_step_state(written: dict[str, Written], samples: int) -> dict:
+    ds = make(written)
+    it = iter(ds)
+    for _ in range(samples):
+        next(it)
+    return json.loads(json.dumps(ds.state_dict()))
+
+
+def test_a_state_inside_a_step_restores_exactly_or_is_refused(
+    written: dict[str, Written],
+) -> None:
+    state = mid_step_state(written, 38)  # two samples into step 9
+    assert state["consumed"] % BATCH == 2
+    with pytest.raises(stoker.StateError, match="inside a step"):
+        make(written, {"web": 0.2, "code": 0.2, "book": 0.6}).load_state_dict(state)
+    with pytest.raises(stoker.StateError, match="inside a step"):
+        make(written, rank=0, world_size=2).load_state_dict(state)
+    # other epochs of the same plan: the step's rest, then on
+    ref = [x["sample_id"] for x in make(written)][38:]
+    other = make(written, steps_per_epoch=50)
+    other.load_state_dict(state)
+    got = [x["sample_id"] for x in other]
+    assert got == ref[: len(got)] and len(got) == 50 * BATCH - 38
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("mixture.web", 5),
+        ("mixture.web", ["x"]),
+        ("epoch_sets", {"web": [0, [[1e300, 2e300]]]}),
+        ("epoch_sets", {"web": [0, [[5, 1]]]}),
+        ("epoch_sets", {"web": [0, [[0, 10**9]]]}),
+        ("plan.sources.web.epoch", 10**30),
+        ("worker", {"worker": True, "num_workers": 2, "yielded": 0}),
+        ("worker", {"worker": 5, "num_workers": 2, "yielded": 0}),
+        ("worker", {"worker": 0, "num_workers": 2, "yielded": 10**12}),
+        ("consumed", 10**12),
+        ("epoch", -1),
+        ("plan", []),
+    ],
+)
+def test_a_malformed_state_is_a_state_error(
+    written: dict[str, Written], field: str, value: object
+) -> None:
+    state = json.loads(json.dumps(make(written).state_dict()))
+    *path, last = field.split(".")
+    at = state
+    for k in path:
+        at = at[k]
+    at[last] = value
+    for world in (1, 2):  # restored as it was saved, and split again
+        with pytest.raises(stoker.StateError):
+            make(written, rank=0, world_size=world).load_state_dict(state)
+
+
+def test_a_mixture_pickles_after_it_planned(written: dict[str, Written]) -> None:
+    import pickle
+
+    mix = make(written)
+    mix.state_dict()
+    next(iter(mix))
+    again = pickle.loads(pickle.dumps(mix))
+    assert again.state_dict()["plan"] == mix.state_dict()["plan"]

@@ -152,3 +152,26 @@ def test_each_stretch_of_weights_is_kept_to_within_one_sample(
             assert abs(c - t) < 1
     if not s.linear:  # a piecewise schedule starts a stretch at each point only
         assert p.regime_step == max(pt for pt, _ in s.points if pt <= steps - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    linear=st.booleans(),
+    cut=st.integers(1, 30),
+    to=st.integers(0, 80),
+    batch=st.integers(1, 5),
+    world=st.integers(1, 3),
+)
+def test_skipping_to_a_step_ends_where_planning_every_step_does(
+    linear: bool, cut: int, to: int, batch: int, world: int
+) -> None:
+    schedule = WeightSchedule.of(
+        [(0, {"a": 3, "b": 1, "c": 1}), (cut, {"a": 0, "b": 2, "c": 5})], linear=linear
+    )
+    sizes = [7, 3, 11]
+    walked = MixPlan(schedule, batch, world, lambda i, _e: sizes[i])
+    for _ in range(to):
+        walked.next()
+    skipped = MixPlan(schedule, batch, world, lambda i, _e: sizes[i])
+    skipped.skip_to(to)
+    assert skipped.state_dict() == walked.state_dict()

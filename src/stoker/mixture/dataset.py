@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,8 +62,11 @@ class Mixture(PlannedDataset):
     :meth:`state_dict` is small whatever the position; :meth:`load_state_dict` takes
     a state saved with other weights (each source continues from where it stood,
     under the new weights from the next step), with a source added (it starts at its
-    beginning) or removed (what was taken of the others stands). A state restores on
-    the world size it was saved on.
+    beginning) or removed (what was taken of the others stands), and on another world
+    size (what each source's old ranks had not taken of its current epoch is split
+    again). A state taken inside a step (a DataLoader iterated sample by sample) or
+    inside a DataLoader worker restores only onto the same sources, weights and world
+    size.
     """
 
     coordinated = False  # its positions follow its plan's steps, not a lease's ranges
@@ -141,12 +145,8 @@ class Mixture(PlannedDataset):
 
     # -- the plan ----------------------------------------------------------------------
     def _make_plan(self) -> MixPlan:
-        sizes, sets = self.sizes, dict(self._sets)
-
-        def epoch_samples(source: int, epoch: int) -> int:
-            return intervals.size(epoch_set(sizes[source], epoch, sets, source))
-
-        return MixPlan(self.schedule, self.batch_size, self._world, epoch_samples)
+        sizes = _EpochSizes(tuple(self.sizes), dict(self._sets))
+        return MixPlan(self.schedule, self.batch_size, self._world, sizes)
 
     def _plan_at(self, step: int) -> MixPlan:
         """This process's plan, walked to global step ``step``."""
@@ -158,8 +158,7 @@ class Mixture(PlannedDataset):
             if w.step > step:
                 raise StateError(f"{self.name}: step {step} is before the state's step {w.step}")
             self._walker = w
-        while w.step < step:
-            w.next()
+        w.skip_to(step)
         return w
 
     def stream(self) -> Any:  # a MixStream: positions -> mixture sample ids
@@ -218,7 +217,12 @@ class Mixture(PlannedDataset):
         return out
 
     # -- state -------------------------------------------------------------------------
-    def _make_state(self, progress: st.Progress, worker: dict[str, int] | None) -> dict[str, Any]:
+    def _make_state(
+        self,
+        progress: st.Progress,
+        worker: dict[str, int] | None,
+        plan: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         step = progress.epoch * self.steps_per_epoch + progress.consumed // self.batch_size
         return {
             "stoker_mixture": STATE_VERSION,
@@ -227,7 +231,7 @@ class Mixture(PlannedDataset):
             "epoch": int(progress.epoch),
             "consumed": int(progress.consumed),
             "worker": None if worker is None else {k: int(v) for k, v in worker.items()},
-            "plan": self._plan_at(step).state_dict(),
+            "plan": plan if plan is not None else self._plan_at(step).state_dict(),
             "epoch_sets": {
                 self.names[i]: [e, intervals.to_list(iv)] for i, (e, iv) in self._sets.items()
             },
@@ -246,82 +250,119 @@ class Mixture(PlannedDataset):
         epoch_set = intervals.make([(epoch * N, (epoch + 1) * N)])
         return st.Progress(epoch, epoch_set, world, self.batch_size, consumed), state["worker"]
 
+    def state_snapshot(self) -> Callable[[], dict[str, Any]]:
+        """:meth:`state_dict` as of now; the plan's part is taken now when this process's
+        plan stands at the step (a loader's does: it follows the batches handed out),
+        else worked out when the result is called."""
+        p = self._progress
+        if self._pending is not None or self._finished is not None or p is None:
+            return super().state_snapshot()
+        step = p.epoch * self.steps_per_epoch + p.consumed // self.batch_size
+        w = self._walker
+        if w is None or w.step != step:
+            return super().state_snapshot()
+        progress = st.Progress(p.epoch, p.epoch_set, p.world, p.chunk, p.consumed)
+        worker = dict(self._worker) if self._worker is not None else None
+        plan = w.state_dict()
+        return lambda: self._make_state(progress, worker, plan)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` at the next iteration (see the class docstring for what
         may change). Raises :class:`~stoker.StateError`, naming the field, for a state
         that does not fit."""
+        where = self.name
         if not isinstance(state, dict) or state.get("stoker_mixture") != STATE_VERSION:
             raise StateError(
-                f"{self.name}: not a mixture's state of version {STATE_VERSION} (a "
+                f"{where}: not a mixture's state of version {STATE_VERSION} (a "
                 "dataset's state loads into that dataset, not a mixture)"
             )
         saved = state.get("mixture")
         if not isinstance(saved, dict):
-            raise StateError(f"{self.name}: state field 'mixture' must be an object")
+            raise StateError(f"{where}: state field 'mixture' must be an object")
         for n in self.names:
-            if n in saved and _canon(saved[n]) != _canon(self.sources[n].identity()):
+            if n not in saved:
+                continue  # a source added at this restore
+            mine = self.sources[n].identity()
+            if not isinstance(saved[n], dict):
+                raise StateError(f"{where}: state field 'mixture.{n}' must be an object")
+            if _canon(saved[n]) != _canon(mine):
                 diff = sorted(
-                    k
-                    for k in {*saved[n], *self.sources[n].identity()}
-                    if _canon(saved[n].get(k)) != _canon(self.sources[n].identity().get(k))
+                    k for k in {*saved[n], *mine} if _canon(saved[n].get(k)) != _canon(mine.get(k))
                 )
                 raise StateError(
-                    f"{self.name}: source {n!r} is not the one the state was saved with "
+                    f"{where}: source {n!r} is not the one the state was saved with "
                     f"(differs in {', '.join(diff)})"
                 )
-        for key, mine in (("batch_size", self.batch_size), ("steps_per_epoch", None)):
-            v = state.get(key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise StateError(f"{self.name}: state field {key!r} must be an int >= 1")
-            if mine is not None and v != mine:
+        B = self.batch_size
+        for key in ("batch_size", "steps_per_epoch", "world"):
+            _count(state.get(key), key, where, least=1)
+        for key in ("epoch", "consumed"):
+            _count(state.get(key), key, where)
+        if state["batch_size"] != B:
+            raise StateError(
+                f"{where}: the state was saved with batch_size {state['batch_size']}, this "
+                f"mixture has {B}"
+            )
+        worker = state.get("worker")
+        if worker is not None:
+            if not isinstance(worker, dict):
+                raise StateError(f"{where}: state field 'worker' must be null or an object")
+            for k in ("worker", "num_workers", "yielded"):
+                _count(worker.get(k), f"worker.{k}", where)
+            if worker["worker"] >= worker["num_workers"] or worker["yielded"] > (
+                state["steps_per_epoch"] * B
+            ):
                 raise StateError(
-                    f"{self.name}: the state was saved with batch_size {v}, this mixture has {mine}"
+                    f"{where}: state field 'worker' is worker {worker['worker']} of "
+                    f"{worker['num_workers']} having yielded {worker['yielded']}, more than "
+                    "an epoch's share"
                 )
-        for key in ("world", "epoch", "consumed"):
-            v = state.get(key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise StateError(f"{self.name}: state field {key!r} must be an int >= 0")
         plan_state = state.get("plan")
         if not isinstance(plan_state, dict):
-            raise StateError(f"{self.name}: state field 'plan' must be an object")
-        sets = _saved_sets(state.get("epoch_sets"), self.names, self.sizes, self.name)
+            raise StateError(f"{where}: state field 'plan' must be an object")
+        sets = _saved_sets(state.get("epoch_sets"), self.names, self.sizes, where)
         regrouped = state["world"] != self._world
         if regrouped:  # each source's epoch split again: what is left of it, over this world
-            plan_state, sets = _regroup(plan_state, sets, self.names, self.sizes, self.name)
-        self._sets = sets
-        trial = self._make_plan()
-        trial.load_state_dict(plan_state, regrouped=regrouped)  # StateError names the field
-        worker = state.get("worker")
-        if worker is not None and not (
-            isinstance(worker, dict)
-            and all(
-                isinstance(worker.get(k), int) and worker[k] >= 0
-                for k in ("worker", "num_workers", "yielded")
-            )
-        ):
-            raise StateError(f"{self.name}: state field 'worker' must be null or counts")
+            plan_state, sets = _regroup(plan_state, sets, self.names, self.sizes, where)
+        self_sets, self._sets = self._sets, sets
+        try:
+            trial = self._make_plan()
+            exact = trial.load_state_dict(plan_state, regrouped=regrouped)  # names the field
+        finally:
+            self._sets = self_sets
         step = trial.step
-        # the epoch and count in this mixture's epochs (steps_per_epoch may differ)
+        old_spe, offset = state["steps_per_epoch"], state["consumed"] % B
+        if state["epoch"] * old_spe + state["consumed"] // B != step or state["consumed"] > (
+            old_spe * B
+        ):
+            raise StateError(
+                f"{where}: state fields 'epoch' {state['epoch']} and 'consumed' "
+                f"{state['consumed']} do not reach the plan's step {step} at "
+                f"{old_spe} steps an epoch"
+            )
+        if not exact and (offset or worker is not None):
+            raise StateError(
+                f"{where}: this state was taken inside a step (after {offset} of its "
+                f"{B} samples) or inside a DataLoader worker, and restores only onto the same "
+                "sources, weights and world size; take the state from the loader (its states "
+                "fall between steps) to change them"
+            )
+        if worker is not None and old_spe != self.steps_per_epoch:
+            raise StateError(
+                f"{where}: this state was taken inside a DataLoader worker with "
+                f"{old_spe} steps an epoch and restores only with as many (this mixture "
+                f"has {self.steps_per_epoch})"
+            )
         epoch, in_epoch = divmod(step, self.steps_per_epoch)
-        consumed = in_epoch * self.batch_size
-        same_epochs = state["steps_per_epoch"] == self.steps_per_epoch and not regrouped
-        if same_epochs:
-            if state["epoch"] * self.steps_per_epoch + state["consumed"] // self.batch_size != step:
-                raise StateError(
-                    f"{self.name}: state fields 'epoch' {state['epoch']} and 'consumed' "
-                    f"{state['consumed']} do not reach the plan's step {step}"
-                )
-            if state["consumed"] > self.num_samples // self._world:
-                raise StateError(f"{self.name}: state field 'consumed' is past the epoch's end")
-            epoch, consumed = state["epoch"], state["consumed"]
+        consumed = in_epoch * B + offset
+        self._sets = sets
         pending = {
             **state,
             **self.identity(),
-            "mixture": {n: self.sources[n].identity() for n in self.names},
             "epoch": epoch,
             "consumed": consumed,
             "world": self._world,
-            "worker": worker if same_epochs else None,
+            "worker": worker,
             "plan": trial.state_dict(),
             "epoch_sets": {
                 self.names[i]: [e, intervals.to_list(iv)] for i, (e, iv) in sets.items()
@@ -352,6 +393,11 @@ class Mixture(PlannedDataset):
             if p is None
             else p.epoch * self.steps_per_epoch + max(p.consumed - 1, 0) // self.batch_size
         )
+        # this process's plan follows the batches handed out, a step a batch, so that the
+        # next pass's (or a state's) plan is never a whole epoch's walk away
+        w = self._walker
+        if w is not None and p is not None and w.step <= step:
+            self._plan_at(step)
         return counts, self._targets(step)
 
     def _targets(self, step: int) -> dict[str, float]:
@@ -369,6 +415,18 @@ class Mixture(PlannedDataset):
     def source_of(sample_ids: np.ndarray) -> np.ndarray:
         """The source index (into :attr:`names`) of mixture sample ids."""
         return decode(sample_ids)[0]
+
+
+@dataclass(frozen=True)
+class _EpochSizes:
+    """How many samples a source's epoch deals (a plain object: a dataset holding a plan
+    pickles, for DataLoader workers that are spawned)."""
+
+    sizes: tuple[int, ...]
+    sets: dict[int, tuple[int, np.ndarray]]
+
+    def __call__(self, source: int, epoch: int) -> int:
+        return intervals.size(epoch_set(self.sizes[source], epoch, self.sets, source))
 
 
 def _saved_sets(
@@ -389,12 +447,18 @@ def _saved_sets(
             continue  # a source removed at this restore
         i = names.index(n)
         e, pairs = v
-        try:
-            iv = intervals.make([(int(a), int(b)) for a, b in pairs])
-        except (TypeError, ValueError) as err:
-            raise StateError(f"{where}: state field {field!r} holds no intervals: {err}") from None
         lo, hi = e * sizes[i], (e + 1) * sizes[i]
-        if len(iv) > st.MAX_INTERVALS or (len(iv) and (iv[0, 0] < lo or iv[-1, 1] > hi)):
+        if not isinstance(pairs, list) or len(pairs) > st.MAX_INTERVALS or hi >= 1 << 62:
+            raise StateError(f"{where}: state field {field!r} must be [epoch, intervals]")
+        ok = all(
+            isinstance(p, list)
+            and len(p) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+            and lo <= p[0] < p[1] <= hi
+            for p in pairs
+        )
+        iv = intervals.make([(a, b) for a, b in pairs]) if ok else None
+        if iv is None or len(iv) != len(pairs):  # out of range, empty, or overlapping
             raise StateError(
                 f"{where}: state field {field!r} is not inside epoch {e}'s positions "
                 f"[{lo}, {hi}) of source {n!r}"
@@ -434,6 +498,8 @@ def _regroup(
                 f"{where}: state fields 'plan.sources.{n}.epoch' and 'taken' must be ints >= 0"
             )
         e, taken = int(e), int(taken)  # type: ignore[arg-type]
+        if (e + 1) * sizes[i] >= 1 << 62:
+            raise StateError(f"{where}: state field 'plan.sources.{n}.epoch' is out of range")
         iv = epoch_set(sizes[i], e, sets, i)
         size = intervals.size(iv)
         if taken >= size:
@@ -450,6 +516,13 @@ def _regroup(
         out_sources[n] = {**src, "taken": 0}
         out_sets[i] = (e, left)
     return {**plan_state, "sources": out_sources}, out_sets
+
+
+def _count(value: Any, field: str, where: str, least: int = 0) -> int:
+    """A state's count field, checked: an int in ``[least, 2^62)``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value < 1 << 62:
+        raise StateError(f"{where}: state field {field!r} must be an int >= {least}, got {value!r}")
+    return value
 
 
 def _canon(value: Any) -> str:

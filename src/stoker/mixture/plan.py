@@ -114,6 +114,31 @@ class MixPlan:
         self.counts = new
         return out
 
+    def skip_to(self, step: int) -> None:
+        """Move to ``step`` without planning the steps between: their counts and the
+        sources' epochs only, a stretch of constant weights at a time (the quota method
+        gives out samples one by one, so a stretch at once is what its steps would have
+        given), a linear ramp a step at a time."""
+        while self.step < step:
+            start = self._constant_since(self.step)
+            if start > self.regime_step:  # a new stretch of weights begins at this step
+                self.regime_step, self.regime_counts = self.step, self.counts
+            i = self.schedule.segment(self.step)
+            points = self.schedule.points
+            end = points[i + 1][0] if i + 1 < len(points) else step
+            if self.schedule.linear and i + 1 < len(points):
+                end = self.step + 1
+            n = min(step, end) - self.step
+            weights = self.schedule.at(self.step)
+            scale = math.lcm(*(w.denominator for w in weights))
+            rel = [c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]
+            rel = quota(rel, [int(w * scale) for w in weights], self.global_batch * n)
+            new = tuple(c0 + r for c0, r in zip(self.regime_counts, rel, strict=True))
+            taken = [a - b for a, b in zip(new, self.counts, strict=True)]
+            _, self.epochs = segments(self.epochs, taken, self.epoch_samples)
+            self.counts = new
+            self.step += n
+
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         names = self.schedule.names
@@ -133,14 +158,14 @@ class MixPlan:
             },
         }
 
-    def load_state_dict(self, state: dict[str, Any], *, regrouped: bool = False) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, regrouped: bool = False) -> bool:
         """Continue from ``state``: exactly when it was saved with this plan's sources,
         weights, batch size and world; otherwise (weights changed, a source added or
         removed) from its step and counts under a new regime. Raises
         :class:`~stoker.errors.StateError` for a state that is not a mixture's, or one
         saved with another world size unless ``regrouped`` (the caller then split each
         source's epoch again and gives the state's ``taken`` of the new split; the
-        regime starts afresh)."""
+        regime starts afresh). Returns whether it continues exactly (no new regime)."""
         if not isinstance(state, dict) or state.get("mixture_state") != STATE_VERSION:
             raise StateError(
                 f"not a mixture state of version {STATE_VERSION}: "
@@ -164,7 +189,9 @@ class MixPlan:
             src = sources[n]
             if not isinstance(src, dict):
                 raise StateError(f"mixture state field 'sources.{n}' must be an object")
-            epoch = _nonneg(src.get("epoch"), f"sources.{n}.epoch")
+            # (its positions, epoch x its samples, stay inside int64)
+            most = (1 << 62) // max(1, self.epoch_samples(i, 0))
+            epoch = _nonneg(src.get("epoch"), f"sources.{n}.epoch", most)
             taken = _nonneg(src.get("taken"), f"sources.{n}.taken")
             if taken >= self.epoch_samples(i, epoch):
                 raise StateError(
@@ -204,6 +231,7 @@ class MixPlan:
         else:  # new weights, batch or sources: measured from here
             self.regime_step = step
             self.regime_counts = tuple(counts)
+        return same
 
 
 def _weights_json(s: WeightSchedule) -> dict[str, Any]:
@@ -215,7 +243,9 @@ def _weights_json(s: WeightSchedule) -> dict[str, Any]:
     }
 
 
-def _nonneg(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise StateError(f"mixture state field {name!r} must be an int >= 0, got {value!r}")
+def _nonneg(value: Any, name: str, limit: int = 1 << 62) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        raise StateError(
+            f"mixture state field {name!r} must be an int in [0, {limit}), got {value!r}"
+        )
     return value

@@ -77,11 +77,12 @@ class MixStream:
     maps source ``i``'s stream positions to its sample ids, ``sizes[i]`` its samples an
     epoch, ``sets`` the sources whose current epoch is not whole.
 
-    Steps are planned in order (each from the one before); the ids of the steps asked
-    for are kept for the last :data:`KEEP` steps, and a step before those is planned
-    again from ``base``."""
+    Steps are planned in order (each from the one before; those no one asked for are
+    skipped, counts only); the items of the steps asked for are kept, :data:`KEEP` rows
+    of them at most, and a step before those is planned again from ``base``."""
 
-    KEEP = 1 << 14
+    #: Rows of items kept at most (per rank asked for): two horizons' worth at most.
+    KEEP = 1 << 17
 
     def __init__(
         self,
@@ -143,6 +144,7 @@ class MixStream:
         self._ranks.add(rank)
         if step < self._plan.step:  # gone from what is kept: plan again from the start
             self._plan = self._fresh()
+        self._plan.skip_to(step)  # (steps not asked for: another worker's)
         while self._plan.step <= step:
             s = self._plan.next()
             for r in sorted(self._ranks):
@@ -152,7 +154,7 @@ class MixStream:
 
     def _keep(self, key: tuple[int, int], ids: np.ndarray) -> None:
         self._kept[key] = ids
-        while len(self._kept) > self.KEEP * max(1, len(self._ranks)):
+        while len(self._kept) > max(16, self.KEEP // self.B) * max(1, len(self._ranks)):
             self._kept.popitem(last=False)
 
     def _ids(self, items: np.ndarray) -> np.ndarray:
