@@ -363,7 +363,11 @@ class TokenLoader:
             batches = self._iter(pl, lend)
         keep = False
         try:
-            count = _count if not hasattr(self.dataset, "count_sources") else self._count_mixed
+            count = (
+                _count
+                if not hasattr(self.dataset, "count_sources")
+                else functools.partial(self._count_mixed, pl.rank)
+            )
             for batch in timed(batches, pl.rank, count, lambda: self._ready):
                 try:
                     yield batch
@@ -418,11 +422,11 @@ class TokenLoader:
         if self.last_epoch.epoch is not None:
             self._min_epoch = self.last_epoch.epoch + 1
 
-    def _count_mixed(self, batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    def _count_mixed(self, rank: int, batch: dict[str, torch.Tensor]) -> tuple[int, int]:
         """A mixture's batch: counted per source too (``loader.stats()["sources"]``)."""
         counts, targets = self.dataset.count_sources(batch)  # type: ignore[attr-defined]
         reg = registry()
-        stats = reg.loader(self.dataset.placement().rank)  # (takes the lock itself)
+        stats = reg.loader(rank)  # (takes the lock itself)
         with reg.lock:
             stats.sourced(counts, targets)
         return _count(batch)

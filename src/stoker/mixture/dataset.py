@@ -385,7 +385,7 @@ class Mixture(PlannedDataset):
         src = batch[SOURCE].numpy()
         n = np.bincount(src, minlength=len(self.names)).tolist()
         tokens = batch.get("tokens")
-        per_row = 0 if tokens is None or len(src) == 0 else tokens[0].numel()
+        per_row = 0 if tokens is None or not len(src) else int(np.prod(tokens.shape[1:]))
         counts = {name: (c, c * per_row) for name, c in zip(self.names, n, strict=False) if c}
         p = self._progress
         step = (
@@ -393,11 +393,6 @@ class Mixture(PlannedDataset):
             if p is None
             else p.epoch * self.steps_per_epoch + max(p.consumed - 1, 0) // self.batch_size
         )
-        # this process's plan follows the batches handed out, a step a batch, so that the
-        # next pass's (or a state's) plan is never a whole epoch's walk away
-        w = self._walker
-        if w is not None and p is not None and w.step <= step:
-            self._plan_at(step)
         return counts, self._targets(step)
 
     def _targets(self, step: int) -> dict[str, float]:
@@ -426,7 +421,10 @@ class _EpochSizes:
     sets: dict[int, tuple[int, np.ndarray]]
 
     def __call__(self, source: int, epoch: int) -> int:
-        return intervals.size(epoch_set(self.sizes[source], epoch, self.sets, source))
+        got = self.sets.get(source)
+        if got is None or got[0] != epoch:
+            return self.sizes[source]  # a whole epoch (asked for every step: no set made)
+        return intervals.size(got[1])
 
 
 def _saved_sets(

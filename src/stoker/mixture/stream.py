@@ -164,7 +164,11 @@ class MixStream:
         for i in np.unique(src).tolist():
             for e in np.unique(epoch[src == i]).tolist():
                 sel = (src == i) & (epoch == e)
-                iv = epoch_set(self.sizes[i], e, self.sets, i)
-                pos = share_positions(iv, self.world, owner[sel], local[sel])
+                got = self.sets.get(i)
+                if got is not None and got[0] == e:
+                    pos = share_positions(got[1], self.world, owner[sel], local[sel])
+                else:  # a whole epoch: [e S, (e + 1) S)
+                    S, W, o = self.sizes[i], self.world, owner[sel]
+                    pos = e * S + o * (S // W) + np.minimum(o, S % W) + local[sel]
                 out[sel] = encode(i, self.source_samples[i](pos))
         return out
