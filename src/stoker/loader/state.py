@@ -103,7 +103,7 @@ def _same(theirs: Any, mine: Any) -> bool:
     return type(theirs) is type(mine) and bool(theirs == mine)
 
 
-def _integer(state: dict[str, Any], name: str, lo: int, hi: int, where: str = "state") -> int:
+def integer_field(state: dict[str, Any], name: str, lo: int, hi: int, where: str = "state") -> int:
     value: Any = state.get(name)
     if not _is_int(value):
         raise StateError(f"{where} field {name!r} must be an integer, got {value!r}")
@@ -202,10 +202,10 @@ def check(state: Any, identity: dict[str, Any]) -> None:
             f"state field 'drop_remainder' must be true or false, got {state.get('drop_remainder')!r}"
         )
     S = identity["num_samples"]
-    epoch = _integer(state, "epoch", 0, MAX_POSITION // max(S, 1) - 2)
-    world = _integer(state, "world", 1, MAX_WORLD)
-    chunk = _integer(state, "chunk", 1, MAX_CHUNK)
-    consumed = _integer(state, "consumed", 0, MAX_POSITION)
+    epoch = integer_field(state, "epoch", 0, MAX_POSITION // max(S, 1) - 2)
+    world = integer_field(state, "world", 1, MAX_WORLD)
+    chunk = integer_field(state, "chunk", 1, MAX_CHUNK)
+    consumed = integer_field(state, "consumed", 0, MAX_POSITION)
     epoch_set = positions(state.get("epoch_set"), "epoch_set", epoch, S)
     per_rank = intervals.size(epoch_set) // world
     if consumed > per_rank:
@@ -213,14 +213,21 @@ def check(state: Any, identity: dict[str, Any]) -> None:
             f"state says {consumed} samples consumed per rank, but epoch {epoch} "
             f"has only {per_rank} per rank"
         )
-    worker = state.get("worker")
+    check_worker(state.get("worker"), per_rank, consumed, chunk)
+
+
+def check_worker(
+    worker: Any, per_rank: int, consumed: int, chunk: int, where: str = "state"
+) -> None:
+    """A state's DataLoader worker counts (or None), each inside its range: the worker's
+    share of the rank's ``per_rank - consumed`` samples dealt ``chunk`` at a time."""
     if worker is not None:
         if not isinstance(worker, dict):
-            raise StateError(f"state field 'worker' must be null or an object, got {worker!r}")
-        nw = _integer(worker, "num_workers", 1, MAX_WORLD, "state worker")
-        w = _integer(worker, "worker", 0, nw - 1, "state worker")
+            raise StateError(f"{where} field 'worker' must be null or an object, got {worker!r}")
+        nw = integer_field(worker, "num_workers", 1, MAX_WORLD, f"{where} worker")
+        w = integer_field(worker, "worker", 0, nw - 1, f"{where} worker")
         share = plan.worker_count(per_rank - consumed, w, nw, chunk)
-        _integer(worker, "yielded", 0, share, "state worker")
+        integer_field(worker, "yielded", 0, share, f"{where} worker")
 
 
 _CHECKPOINT_NAME = re.compile(r"epoch[0-9]+-[0-9a-f]{16}")
@@ -234,8 +241,8 @@ def check_dynamic(state: Any, stream: str, num_samples: int) -> dict[str, Any]:
     check_version(state, "coordinator")
     if state.get("epoch") is None:
         return state  # nothing handed out yet: a fresh start
-    epoch = _integer(state, "epoch", 0, MAX_POSITION // max(num_samples, 1) - 2)
-    batches = _integer(state, "batches", 0, MAX_POSITION)
+    epoch = integer_field(state, "epoch", 0, MAX_POSITION // max(num_samples, 1) - 2)
+    batches = integer_field(state, "batches", 0, MAX_POSITION)
     name, snapshot = state.get("checkpoint"), state.get("snapshot")
     if not isinstance(name, str) or not _CHECKPOINT_NAME.fullmatch(name):
         raise StateError(
@@ -252,9 +259,9 @@ def check_dynamic(state: Any, stream: str, num_samples: int) -> dict[str, Any]:
     theirs = snapshot.get("stream", "")
     if theirs and theirs != stream:
         raise StateError(f"the state's data stream {theirs} is not this dataset's {stream}")
-    if _integer(snapshot, "epoch", 0, epoch, "state snapshot") != epoch:
+    if integer_field(snapshot, "epoch", 0, epoch, "state snapshot") != epoch:
         raise StateError(f"state snapshot is of epoch {snapshot['epoch']}, the state of {epoch}")
-    if _integer(snapshot, "batches", 0, batches, "state snapshot") != batches:
+    if integer_field(snapshot, "batches", 0, batches, "state snapshot") != batches:
         raise StateError(
             f"state snapshot is after {snapshot['batches']} batches, the state after {batches}"
         )

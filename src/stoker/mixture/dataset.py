@@ -17,6 +17,7 @@ The state is the plan's (a few integers per source, whatever the position; see
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Mapping
@@ -88,29 +89,12 @@ class Mixture(PlannedDataset):
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.sources = dict(sources)
         self.names = tuple(self.sources)
-        if isinstance(weights, WeightSchedule):
-            schedule = weights
-            if set(schedule.names) != set(self.names):
-                raise ConfigError(
-                    f"the weight schedule names {list(schedule.names)}, the sources are "
-                    f"{list(self.names)}"
-                )
-            if schedule.names != self.names:
-                schedule = WeightSchedule.of(
-                    [
-                        (s, {n: float(w) for n, w in zip(schedule.names, ws, strict=True)})
-                        for s, ws in schedule.points
-                    ],
-                    linear=schedule.linear,
-                    names=self.names,
-                )
-        else:
-            schedule = WeightSchedule.constant({n: weights[n] for n in weights})
-            if set(schedule.names) != set(self.names):
-                raise ConfigError(
-                    f"weights name {sorted(schedule.names)}, the sources are {sorted(self.names)}"
-                )
-            schedule = WeightSchedule.constant({n: weights[n] for n in self.names})
+        given = weights if isinstance(weights, WeightSchedule) else WeightSchedule.constant(weights)
+        if set(given.names) != set(self.names):
+            raise ConfigError(
+                f"weights name {sorted(given.names)}, the sources are {sorted(self.names)}"
+            )
+        schedule = given.reordered(self.names)
         self.schedule = schedule
         first = self.sources[self.names[0]]
         for n, ds in self.sources.items():
@@ -144,8 +128,9 @@ class Mixture(PlannedDataset):
         self._init_epochs()
 
     # -- the plan ----------------------------------------------------------------------
-    def _make_plan(self) -> MixPlan:
-        sizes = _EpochSizes(tuple(self.sizes), dict(self._sets))
+    def _make_plan(self, sets: EpochSets | None = None) -> MixPlan:
+        """A fresh plan, its sources' epochs those of ``sets`` (default: this mixture's)."""
+        sizes = _EpochSizes(tuple(self.sizes), dict(self._sets if sets is None else sets))
         return MixPlan(self.schedule, self.batch_size, self._world, sizes)
 
     def _plan_at(self, step: int) -> MixPlan:
@@ -173,9 +158,6 @@ class Mixture(PlannedDataset):
             self.sizes,
             self._sets,
         )
-
-    def stream_identity(self) -> str:
-        return json.dumps(self.identity(), sort_keys=True)
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -207,14 +189,10 @@ class Mixture(PlannedDataset):
         return MixReader(readers, self.layout, horizon)
 
     def transfer_dtypes(self) -> dict[str, torch.dtype]:
-        """The narrowest dtype per field that every source's values fit."""
+        """Per field, the narrowest dtype every source's values fit (their promotion)."""
         per = [self.sources[n].transfer_dtypes() for n in self.names]
-        out: dict[str, torch.dtype] = {}
-        for k in set(per[0]).intersection(*per[1:]):
-            out[k] = max((d[k] for d in per), key=lambda t: torch.empty((), dtype=t).element_size())
-            if any(d[k].is_signed != out[k].is_signed for d in per) and not out[k].is_signed:
-                del out[k]  # an unsigned dtype that a signed one may not fit: the layout's
-        return out
+        keys = set(per[0]).intersection(*per[1:])
+        return {k: functools.reduce(torch.promote_types, (d[k] for d in per)) for k in keys}
 
     # -- state -------------------------------------------------------------------------
     def _make_state(
@@ -293,30 +271,19 @@ class Mixture(PlannedDataset):
                     f"{where}: source {n!r} is not the one the state was saved with "
                     f"(differs in {', '.join(diff)})"
                 )
-        B = self.batch_size
+        B, field = self.batch_size, f"{where}: state"
         for key in ("batch_size", "steps_per_epoch", "world"):
-            _count(state.get(key), key, where, least=1)
+            st.integer_field(state, key, 1, st.MAX_POSITION, field)
         for key in ("epoch", "consumed"):
-            _count(state.get(key), key, where)
+            st.integer_field(state, key, 0, st.MAX_POSITION, field)
         if state["batch_size"] != B:
             raise StateError(
                 f"{where}: the state was saved with batch_size {state['batch_size']}, this "
                 f"mixture has {B}"
             )
         worker = state.get("worker")
-        if worker is not None:
-            if not isinstance(worker, dict):
-                raise StateError(f"{where}: state field 'worker' must be null or an object")
-            for k in ("worker", "num_workers", "yielded"):
-                _count(worker.get(k), f"worker.{k}", where)
-            if worker["worker"] >= worker["num_workers"] or worker["yielded"] > (
-                state["steps_per_epoch"] * B
-            ):
-                raise StateError(
-                    f"{where}: state field 'worker' is worker {worker['worker']} of "
-                    f"{worker['num_workers']} having yielded {worker['yielded']}, more than "
-                    "an epoch's share"
-                )
+        share = state["steps_per_epoch"] * B  # a rank's samples of an epoch, when saved
+        st.check_worker(worker, share, min(state["consumed"], share), B, field)
         plan_state = state.get("plan")
         if not isinstance(plan_state, dict):
             raise StateError(f"{where}: state field 'plan' must be an object")
@@ -324,12 +291,8 @@ class Mixture(PlannedDataset):
         regrouped = state["world"] != self._world
         if regrouped:  # each source's epoch split again: what is left of it, over this world
             plan_state, sets = _regroup(plan_state, sets, self.names, self.sizes, where)
-        self_sets, self._sets = self._sets, sets
-        try:
-            trial = self._make_plan()
-            exact = trial.load_state_dict(plan_state, regrouped=regrouped)  # names the field
-        finally:
-            self._sets = self_sets
+        trial = self._make_plan(sets)
+        exact = trial.load_state_dict(plan_state, regrouped=regrouped)  # names the field
         step = trial.step
         old_spe, offset = state["steps_per_epoch"], state["consumed"] % B
         if state["epoch"] * old_spe + state["consumed"] // B != step or state["consumed"] > (
@@ -514,13 +477,6 @@ def _regroup(
         out_sources[n] = {**src, "taken": 0}
         out_sets[i] = (e, left)
     return {**plan_state, "sources": out_sources}, out_sets
-
-
-def _count(value: Any, field: str, where: str, least: int = 0) -> int:
-    """A state's count field, checked: an int in ``[least, 2^62)``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value < 1 << 62:
-        raise StateError(f"{where}: state field {field!r} must be an int >= {least}, got {value!r}")
-    return value
 
 
 def _canon(value: Any) -> str:

@@ -90,6 +90,14 @@ class WeightSchedule:
             out.append((step, _normalised(order, weights, f"schedule point {i} (step {step})")))
         return cls(order, tuple(out), linear)
 
+    def reordered(self, names: Sequence[str]) -> WeightSchedule:
+        """The same schedule with its sources in the order of ``names`` (the same names)."""
+        if sorted(names) != sorted(self.names):
+            raise ConfigError(f"the schedule names {list(self.names)}, not {list(names)}")
+        where = [self.names.index(n) for n in names]
+        points = tuple((step, tuple(ws[i] for i in where)) for step, ws in self.points)
+        return WeightSchedule(tuple(names), points, self.linear)
+
     def at(self, step: int) -> tuple[Fraction, ...]:
         """The weights of global step ``step``."""
         i = self.segment(step)

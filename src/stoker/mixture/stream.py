@@ -59,15 +59,27 @@ def epoch_set(size: int, epoch: int, sets: EpochSets, source: int) -> np.ndarray
 def share_positions(iv: np.ndarray, world: int, owner: np.ndarray, local: np.ndarray) -> np.ndarray:
     """Stream positions of ``local`` samples of ``owner`` ranks' contiguous shares of the
     epoch set ``iv`` (:func:`share_start`)."""
-    n = intervals.size(iv)
-    return intervals.members_at(iv, owner * (n // world) + np.minimum(owner, n % world) + local)
+    return intervals.members_at(iv, share_start(intervals.size(iv), world, owner) + local)
 
 
-def share_start(size: int, world: int, rank: int) -> int:
+def source_positions(
+    size: int, epoch: int, sets: EpochSets, source: int, world: int, owner: Any, local: Any
+) -> np.ndarray:
+    """Stream positions of ``local`` samples of ``owner`` ranks' shares of source
+    ``source``'s epoch ``epoch`` (a whole one, ``[epoch size, (epoch + 1) size)``, by
+    arithmetic; else its set in ``sets``)."""
+    got = sets.get(source)
+    if got is not None and got[0] == epoch:
+        return share_positions(got[1], world, owner, local)
+    return np.asarray(epoch * size + share_start(size, world, owner) + local, dtype=np.int64)
+
+
+def share_start(size: int, world: int, rank: Any) -> Any:
     """Where rank ``rank``'s contiguous share of an epoch of ``size`` samples begins
     (shares of ``ceil((size - r) / world)``: rank ``r`` takes sample ``k`` of the epoch
-    when ``k % world == r``, as :func:`~stoker.mixture.deal.rank_counts` counts)."""
-    return rank * (size // world) + min(rank, size % world)
+    when ``k % world == r``, as :func:`~stoker.mixture.deal.rank_counts` counts); ranks
+    as an int or an array."""
+    return rank * (size // world) + np.minimum(rank, size % world)
 
 
 class MixStream:
@@ -164,11 +176,8 @@ class MixStream:
         for i in np.unique(src).tolist():
             for e in np.unique(epoch[src == i]).tolist():
                 sel = (src == i) & (epoch == e)
-                got = self.sets.get(i)
-                if got is not None and got[0] == e:
-                    pos = share_positions(got[1], self.world, owner[sel], local[sel])
-                else:  # a whole epoch: [e S, (e + 1) S)
-                    S, W, o = self.sizes[i], self.world, owner[sel]
-                    pos = e * S + o * (S // W) + np.minimum(o, S % W) + local[sel]
+                pos = source_positions(
+                    self.sizes[i], e, self.sets, i, self.world, owner[sel], local[sel]
+                )
                 out[sel] = encode(i, self.source_samples[i](pos))
         return out

@@ -106,15 +106,13 @@ class Collector:
         yield from (batches, samples, tokens, ready, busy, alive)
         mixed = [(rank, s["sources"]) for rank, (s, *_) in loaders.items() if "sources" in s]
         if mixed:
-            src_samples = CounterMetricFamily(
-                "stoker_loader_source_samples",
-                "Samples of each source of a mixture handed to training",
-                labels=["rank", "source"],
-            )
-            src_tokens = CounterMetricFamily(
-                "stoker_loader_source_tokens",
-                "Tokens of each source of a mixture handed to training",
-                labels=["rank", "source"],
+            src_samples, src_tokens = (
+                CounterMetricFamily(
+                    f"stoker_loader_source_{what}",
+                    f"{what.capitalize()} of each source of a mixture handed to training",
+                    labels=["rank", "source"],
+                )
+                for what in ("samples", "tokens")
             )
             target = GaugeMetricFamily(
                 "stoker_loader_source_target_share",
