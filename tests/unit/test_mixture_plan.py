@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stoker.errors import ConfigError
-from stoker.mixture.apportion import quota
+from stoker.mixture.apportion import Quota, quota
 from stoker.mixture.plan import MixPlan
 from stoker.mixture.schedule import WeightSchedule
 
@@ -23,7 +24,7 @@ def test_constant_weights_are_normalised_exactly() -> None:
     s = WeightSchedule.constant({"web": 0.7, "code": 0.2, "math": 0.1})
     w = s.at(12345)
     assert sum(w) == 1 and s.names == ("web", "code", "math")
-    assert w[0] / w[1] == Fraction(0.7) / Fraction(0.2)
+    assert w == (Fraction(7, 10), Fraction(2, 10), Fraction(1, 10))  # the decimals written
     assert s.total(10, 20) == tuple(10 * x for x in w)
 
 
@@ -175,3 +176,58 @@ def test_skipping_to_a_step_ends_where_planning_every_step_does(
     skipped = MixPlan(schedule, batch, world, lambda i, _e: sizes[i])
     skipped.skip_to(to)
     assert skipped.state_dict() == walked.state_dict()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 40), min_size=1, max_size=5).filter(lambda w: sum(w) > 0),
+    ns=st.lists(st.integers(0, 400), min_size=1, max_size=6),
+)
+def test_quota_counts_jump_to_what_one_by_one_gives(weights: list[int], ns: list[int]) -> None:
+    q = Quota(weights)
+    small = Quota.__new__(Quota)  # the same, without a table: a period's samples given out
+    small.__dict__.update(q.__dict__, _table=None)
+    for n in ns:
+        want = quota([0] * len(weights), weights, n)
+        assert q.counts(n) == want == small.counts(n)
+    assert q.counts_at(np.asarray(ns)).tolist() == [
+        quota([0] * len(weights), weights, n) for n in ns
+    ]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    s=schedules(),
+    batch=st.integers(1, 5),
+    world=st.integers(1, 6),
+    chunks=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    sizes=st.lists(st.integers(1, 60), min_size=4, max_size=4),
+    first=st.lists(st.integers(1, 60), min_size=4, max_size=4),
+)
+def test_take_plans_what_next_plans_step_by_step(
+    s: WeightSchedule,
+    batch: int,
+    world: int,
+    chunks: list[int],
+    sizes: list[int],
+    first: list[int],
+) -> None:
+    """Every rank's items of every step, and the state after, whether the steps are
+    planned a stretch at a time in arrays or one by one; sources' epochs of any size
+    (some smaller than a global batch: planned step by step), the first shorter or
+    longer than the rest (as after a restore on another world size)."""
+
+    def epoch_samples(i: int, e: int) -> int:
+        return first[i] if e == 0 else sizes[i]
+
+    one = MixPlan(s, batch, world, epoch_samples)
+    many = MixPlan(s, batch, world, epoch_samples)
+    ranks = list(range(world))
+    for n in chunks:
+        got = many.take(n, ranks)
+        for j in range(n):
+            step = one.next()
+            for r in ranks:
+                want = np.asarray(step.rank_items(r), dtype=np.int64).reshape(batch, 4)
+                assert got[r][j].tolist() == want.tolist(), (j, r)
+        assert many.state_dict() == one.state_dict()

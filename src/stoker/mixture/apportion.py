@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def quota(counts: Sequence[int], weights: Sequence[int], samples: int) -> list[int]:
     """``counts`` (the samples each source has had under ``weights``, which sum to more
@@ -42,3 +44,56 @@ def quota(counts: Sequence[int], weights: Sequence[int], samples: int) -> list[i
             raise AssertionError("no source under its quota")
         c[best] += 1
     return c
+
+
+class Quota:
+    """The quota method's counts under fixed integer ``weights`` from zero counts, after
+    any number of samples, without giving them out one by one.
+
+    The method is periodic: after ``W = sum(weights)`` samples every count is exactly its
+    weight (its quota is then an integer), and from counts ``m x weights`` it chooses as
+    it did from zero (both its tests, the upper quota ``c_i W < w_i n`` and the divisor
+    comparison ``w_j (c_i + 1) > w_i (c_j + 1)``, are unchanged by adding ``m w`` to the
+    counts and ``m W`` to ``n``). So the counts after ``n`` samples are ``n // W``
+    periods plus those after ``n % W``: a table of one period's prefix counts (when
+    ``W`` is at most :attr:`TABLE_MAX`) or, above it, at most ``W`` samples given out."""
+
+    #: Largest period kept as a table of prefix counts ((W + 1) x sources integers).
+    TABLE_MAX = 1 << 16
+
+    def __init__(self, weights: Sequence[int]) -> None:
+        quota([0] * len(weights), weights, 0)  # (checks the weights)
+        self.weights = tuple(int(w) for w in weights)
+        self.total = sum(self.weights)
+        self._w = np.asarray(self.weights, dtype=np.int64)
+        self._table: np.ndarray | None = None
+        if self.total <= self.TABLE_MAX:
+            table = np.zeros((self.total + 1, len(self.weights)), dtype=np.int64)
+            c = [0] * len(self.weights)
+            for n in range(1, self.total + 1):
+                c = quota(c, self.weights, 1)
+                table[n] = c
+            self._table = table
+
+    @property
+    def tabled(self) -> bool:
+        """Whether counts come from a table (else from up to a period's samples)."""
+        return self._table is not None
+
+    def counts(self, n: int) -> list[int]:
+        """The counts after ``n`` samples from zero."""
+        m, r = divmod(int(n), self.total)
+        if self._table is not None:
+            return [int(x) for x in m * self._w + self._table[r]]
+        return quota([m * w for w in self.weights], self.weights, r)
+
+    def counts_at(self, n: np.ndarray) -> np.ndarray:
+        """:meth:`counts` of an array of sample counts: shape ``(len(n), sources)``."""
+        n = np.asarray(n, dtype=np.int64)
+        if self._table is None:
+            return np.asarray([self.counts(int(x)) for x in n], dtype=np.int64).reshape(
+                len(n), len(self.weights)
+            )
+        m, r = np.divmod(n, self.total)
+        out: np.ndarray = m[:, None] * self._w + self._table[r]
+        return out

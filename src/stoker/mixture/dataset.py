@@ -500,11 +500,13 @@ class MixReader:
         out[SOURCE][...] = src
         # a rank's step holds its sources' samples in runs: each run read straight
         # into its rows
-        cuts = np.flatnonzero(np.diff(src)) + 1
-        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(src)], strict=True):
-            if a < b:
-                part = {k: v[a:b] for k, v in out.items() if k not in (SOURCE, SAMPLE_ID)}
-                self.readers[int(src[a])].fill(sid[a:b], part)
+        if not len(src):
+            return
+        cuts = [0, *(np.flatnonzero(src[1:] != src[:-1]) + 1).tolist(), len(src)]
+        which = src[cuts[:-1]].tolist()
+        for i, a, b in zip(which, cuts[:-1], cuts[1:], strict=True):
+            part = {k: v[a:b] for k, v in out.items() if k not in (SOURCE, SAMPLE_ID)}
+            self.readers[i].fill(sid[a:b], part)
 
     def close(self) -> None:
         for r in self.readers:

@@ -22,6 +22,7 @@ replay. A restore with the same sources, weights and batch continues exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import StateError
-from stoker.mixture.apportion import quota
+from stoker.mixture.apportion import Quota, quota
 from stoker.mixture.deal import EpochSamples, Item, Segment, deal, rank_batch, segments
 from stoker.mixture.schedule import WeightSchedule
 
@@ -76,6 +77,7 @@ class MixPlan:
         self.epochs: list[tuple[int, int]] = [(0, 0)] * k
         self.regime_step = 0
         self.regime_counts: tuple[int, ...] = (0,) * k
+        self._quotas: dict[tuple[int, ...], Quota] = {}
 
     @property
     def global_batch(self) -> int:
@@ -101,11 +103,7 @@ class MixPlan:
         start = self._constant_since(self.step)
         if start > self.regime_step:  # a new stretch of weights begins at this step
             self.regime_step, self.regime_counts = self.step, self.counts
-        weights = self.schedule.at(self.step)
-        scale = math.lcm(*(w.denominator for w in weights))
-        rel = [c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]
-        rel = quota(rel, [int(w * scale) for w in weights], self.global_batch)
-        new = tuple(c0 + r for c0, r in zip(self.regime_counts, rel, strict=True))
+        new = self._counts_after(1)
         taken = tuple(n - c for n, c in zip(new, self.counts, strict=True))
         segs, self.epochs = segments(self.epochs, taken, self.epoch_samples)
         dealt = tuple(deal(done, n, self.world) for _, _, done, n in segs)
@@ -113,6 +111,30 @@ class MixPlan:
         self.step += 1
         self.counts = new
         return out
+
+    def quota_of(self, step: int) -> Quota:
+        """The quota method of ``step``'s weights (as integers in proportion), kept."""
+        weights = self.schedule.at(step)
+        scale = math.lcm(*(w.denominator for w in weights))
+        key = tuple(int(w * scale) for w in weights)
+        q = self._quotas.get(key)
+        if q is None:
+            if len(self._quotas) > 64:  # (a ramp: new weights every step)
+                self._quotas.clear()
+            q = self._quotas[key] = Quota(key)
+        return q
+
+    def _counts_after(self, steps: int) -> tuple[int, ...]:
+        """Every source's count after ``steps`` more steps of the current regime's
+        weights (the regime's counts at its start, plus the quota method's from zero)."""
+        q = self.quota_of(self.step)
+        rel = [c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]
+        n = sum(rel)
+        if q.tabled or steps * self.global_batch > q.total:
+            rel = q.counts(n + steps * self.global_batch)
+        else:  # a few samples on from where the regime stands
+            rel = quota(rel, q.weights, steps * self.global_batch)
+        return tuple(c0 + r for c0, r in zip(self.regime_counts, rel, strict=True))
 
     def skip_to(self, step: int) -> None:
         """Move to ``step`` without planning the steps between: their counts and the
@@ -129,15 +151,137 @@ class MixPlan:
             if self.schedule.linear and i + 1 < len(points):
                 end = self.step + 1
             n = min(step, end) - self.step
-            weights = self.schedule.at(self.step)
-            scale = math.lcm(*(w.denominator for w in weights))
-            rel = [c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]
-            rel = quota(rel, [int(w * scale) for w in weights], self.global_batch * n)
-            new = tuple(c0 + r for c0, r in zip(self.regime_counts, rel, strict=True))
+            new = self._counts_after(n)
             taken = [a - b for a, b in zip(new, self.counts, strict=True)]
             _, self.epochs = segments(self.epochs, taken, self.epoch_samples)
             self.counts = new
             self.step += n
+
+    def take(self, steps: int, ranks: Sequence[int]) -> dict[int, np.ndarray]:
+        """Plan the next ``steps`` steps and move past them: each of ``ranks``' items
+        (:meth:`Step.rank_items`'s rows) as an int64 array of shape ``(steps, batch_size,
+        4)``, what :meth:`next` would give step by step, in a few array operations a
+        stretch of constant weights (:meth:`_take_stretch`)."""
+        B = self.batch_size
+        out = {r: np.empty((steps, B, 4), dtype=np.int64) for r in ranks}
+        done = 0
+        while done < steps:
+            m = self._stretch(steps - done)
+            got = self._take_stretch(m, ranks)
+            if got is None:  # a step can run through more than two epochs of a source
+                for j in range(m):
+                    s = self.next()
+                    for r in ranks:
+                        out[r][done + j] = np.asarray(s.rank_items(r), dtype=np.int64).reshape(B, 4)
+            else:
+                for r in ranks:
+                    out[r][done : done + m] = got[r]
+            done += m
+        return out
+
+    def _stretch(self, most: int) -> int:
+        """Start a regime at this step if a stretch of constant weights begins here, and
+        say how many of the next ``most`` steps it holds (one on a ramp), bounded so that
+        a stretch's arrays stay about a million entries."""
+        start = self._constant_since(self.step)
+        if start > self.regime_step:
+            self.regime_step, self.regime_counts = self.step, self.counts
+        points = self.schedule.points
+        i = self.schedule.segment(self.step)
+        if self.schedule.linear and i + 1 < len(points):
+            return 1
+        end = points[i + 1][0] - self.step if i + 1 < len(points) else most
+        cap = max(1, (1 << 20) // (2 * len(self.counts) * self.world))
+        return max(1, min(most, end, cap))
+
+    def _take_stretch(self, m: int, ranks: Sequence[int]) -> dict[int, np.ndarray] | None:
+        """:meth:`take` of ``m`` steps of one regime, or None (nothing moved) when a
+        source's epoch deals fewer samples than a global batch (a step may then run
+        through more than two of its epochs: :meth:`next` plans those)."""
+        G, W, B, k = self.global_batch, self.world, self.batch_size, len(self.counts)
+        sizes = []
+        for i, (e0, _) in enumerate(self.epochs):
+            size0, S = self.epoch_samples(i, e0), self.epoch_samples(i, e0 + 1)
+            if S < G or self.epoch_samples(i, e0 + 2) != S or size0 < 1:
+                return None
+            sizes.append((size0, S))
+        q = self.quota_of(self.step)
+        n0 = sum(self.counts) - sum(self.regime_counts)
+        if q.tabled:
+            rel = q.counts_at(n0 + G * np.arange(m + 1, dtype=np.int64))
+        else:  # a step at a time from where the regime stands
+            rows = [[c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]]
+            for _ in range(m):
+                rows.append(quota(rows[-1], q.weights, G))
+            rel = np.asarray(rows, dtype=np.int64)
+        taken = np.diff(rel, axis=0)  # (m, k): each step's samples per source
+        before = np.cumsum(taken, axis=0) - taken
+        # each source's samples of a step: a range of its current epoch (slot 2i) and,
+        # when that runs out in the step, one of its next (slot 2i + 1)
+        a = np.zeros((m, 2 * k), dtype=np.int64)
+        b = np.zeros((m, 2 * k), dtype=np.int64)
+        ep = np.zeros((m, 2 * k), dtype=np.int64)
+        after: list[tuple[int, int]] = []
+        for i, ((e0, d0), (size0, S)) in enumerate(zip(self.epochs, sizes, strict=True)):
+            x0, t = d0 + before[:, i], taken[:, i]
+            e, k0, cap = _place(x0, e0, size0, S)
+            end = np.minimum(k0 + t, cap)
+            a[:, 2 * i], b[:, 2 * i], ep[:, 2 * i] = k0, end, e
+            b[:, 2 * i + 1], ep[:, 2 * i + 1] = k0 + t - end, e + 1
+            xe = d0 + int(taken[:, i].sum())
+            e_end, k_end, _ = _place(np.asarray([xe]), e0, size0, S)
+            after.append((int(e_end[0]), int(k_end[0])))
+        # the deal: sample k of an epoch to rank k % W as its local sample k // W
+        r_all = np.arange(W, dtype=np.int64)
+        lo = (a[:, :, None] - r_all + W - 1) // W  # (m, 2k, W)
+        cnt = (b[:, :, None] - r_all + W - 1) // W - lo
+        n = cnt.sum(axis=1)  # (m, W): each rank's dealt samples
+        over, under = np.maximum(n - B, 0), np.maximum(B - n, 0)
+        cum_over = np.cumsum(over, axis=1)
+        cum_cnt = np.cumsum(cnt, axis=1)
+        src = np.repeat(np.arange(k, dtype=np.int64), 2)
+        out: dict[int, np.ndarray] = {}
+        for r in ranks:
+            items = np.empty((m, B, 4), dtype=np.int64)
+            c = cnt[:, :, r]
+            own = np.clip(B - (cum_cnt[:, :, r] - c), 0, c)  # (m, 2k): kept of each slot
+            per = own.ravel()
+            cell = np.repeat(np.arange(m * 2 * k), per)  # each own item's (step, slot)
+            first = np.cumsum(per) - per
+            within = np.arange(len(cell)) - first[cell]
+            j, sl = np.divmod(cell, 2 * k)
+            kept = own.sum(axis=1)
+            pos = np.arange(len(cell)) - (np.cumsum(kept) - kept)[j]
+            items[j, pos] = np.stack(
+                [
+                    src[sl],
+                    ep.ravel()[cell],
+                    np.full(len(cell), r),
+                    lo[:, :, r].ravel()[cell] + within,
+                ],
+                axis=1,
+            )
+            need = under[:, r]
+            if need.any():  # the surplus of the ranks over their batch, in rank order
+                off = under[:, :r].sum(axis=1)
+                pj = np.repeat(np.arange(m), need)
+                pq = np.arange(len(pj)) - np.repeat(np.cumsum(need) - need, need)
+                p = off[pj] + pq  # place in the step's surplus list
+                span = G + 1
+                flat = (cum_over + span * np.arange(m)[:, None]).ravel()
+                owner = np.searchsorted(flat, p + span * pj, side="right") - W * pj
+                idx = B + p - (cum_over[pj, owner] - over[pj, owner])  # in the owner's list
+                cc = cum_cnt[pj, :, owner]  # (picks, 2k)
+                slot = (cc <= idx[:, None]).sum(axis=1)
+                start = cc[np.arange(len(pj)), slot] - cnt[pj, slot, owner]
+                items[pj, kept[pj] + pq] = np.stack(
+                    [src[slot], ep[pj, slot], owner, lo[pj, slot, owner] + idx - start], axis=1
+                )
+            out[r] = items
+        self.counts = tuple(int(c0 + x) for c0, x in zip(self.regime_counts, rel[-1], strict=True))
+        self.epochs = after
+        self.step += m
+        return out
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -217,6 +361,8 @@ class MixPlan:
                 regime_step > step
                 or sum(counts) - sum(regime_counts) != grown
                 or any(c < c0 for c, c0 in zip(counts, regime_counts, strict=True))
+                or [c - c0 for c, c0 in zip(counts, regime_counts, strict=True)]
+                != self.quota_of(regime_step).counts(grown)
             ):
                 raise StateError(
                     f"mixture state: counts {counts} at step {step} do not follow from its "
@@ -232,6 +378,18 @@ class MixPlan:
             self.regime_step = step
             self.regime_counts = tuple(counts)
         return same
+
+
+def _place(x: np.ndarray, e0: int, size0: int, S: int) -> tuple[np.ndarray, ...]:
+    """Offsets ``x`` into a source's samples from the start of its epoch ``e0`` (of
+    ``size0`` samples; those after it of ``S``) as (epoch, offset in it, its size)."""
+    past = x >= size0
+    y = np.maximum(x - size0, 0)
+    return (
+        np.where(past, e0 + 1 + y // S, e0),
+        np.where(past, y % S, x),
+        np.where(past, S, size0),
+    )
 
 
 def _weights_json(s: WeightSchedule) -> dict[str, Any]:

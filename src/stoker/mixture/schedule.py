@@ -7,6 +7,13 @@ as exact fractions, so that every machine, rank and resume computes the same
 targets: :meth:`WeightSchedule.total` is the exact sum of the weights over a range
 of steps in O(number of points), whatever the range, which is what the mixture's
 cumulative targets (``batch size x total``) are made of.
+
+A float weight is the decimal it prints as (``0.3`` is 3/10, not the binary fraction
+nearest it), so that the usual weights have a small common denominator: the quota
+method repeats itself every that many samples (:class:`~stoker.mixture.apportion.Quota`),
+which is what lets a plan jump to any step in constant time. Weights whose normalised
+fractions need a common denominator above :data:`DENOMINATOR` are rounded to
+multiples of ``1 / DENOMINATOR`` (largest remainders; within one millionth).
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from fractions import Fraction
 from stoker.errors import ConfigError
 
 Weights = Mapping[str, float]
+
+#: The largest common denominator of a point's weights kept exactly (else rounded to it).
+DENOMINATOR = 1 << 20
 
 
 def _normalised(names: tuple[str, ...], weights: Weights, where: str) -> tuple[Fraction, ...]:
@@ -37,11 +47,25 @@ def _normalised(names: tuple[str, ...], weights: Weights, where: str) -> tuple[F
             raise ConfigError(f"{where}: the weight of {n!r} must be a number, got {w!r}")
         if not math.isfinite(w) or w < 0:
             raise ConfigError(f"{where}: the weight of {n!r} must be finite and >= 0, got {w!r}")
-        values.append(Fraction(w) if isinstance(w, numbers.Rational) else Fraction(float(w)))
+        values.append(Fraction(w) if isinstance(w, numbers.Rational) else Fraction(repr(float(w))))
     total = sum(values, Fraction(0))
     if total == 0:
         raise ConfigError(f"{where}: the weights sum to 0; at least one source needs weight")
-    return tuple(v / total for v in values)
+    exact = tuple(v / total for v in values)
+    if math.lcm(*(v.denominator for v in exact)) <= DENOMINATOR:
+        return exact
+    return _rounded(exact, DENOMINATOR)
+
+
+def _rounded(weights: tuple[Fraction, ...], d: int) -> tuple[Fraction, ...]:
+    """``weights`` (summing to one) as multiples of ``1 / d`` summing to one: each its
+    floor, the units left to the largest remainders (ties: the lower index)."""
+    scaled = [w * d for w in weights]
+    units = [math.floor(x) for x in scaled]
+    order = sorted(range(len(units)), key=lambda i: (units[i] - scaled[i], i))
+    for i in order[: d - sum(units)]:
+        units[i] += 1
+    return tuple(Fraction(u, d) for u in units)
 
 
 @dataclass(frozen=True)

@@ -89,12 +89,15 @@ class MixStream:
     maps source ``i``'s stream positions to its sample ids, ``sizes[i]`` its samples an
     epoch, ``sets`` the sources whose current epoch is not whole.
 
-    Steps are planned in order (each from the one before; those no one asked for are
-    skipped, counts only); the items of the steps asked for are kept, :data:`KEEP` rows
-    of them at most, and a step before those is planned again from ``base``."""
+    Steps are planned in order, a stretch of :data:`AHEAD` steps at least at a time for
+    every rank asked for so far (:meth:`MixPlan.take`; the steps no one asked for are
+    skipped, counts only); the items of the steps planned are kept, :data:`KEEP` rows of
+    them a rank at most, and a step before those is planned again from ``base``."""
 
     #: Rows of items kept at most (per rank asked for): two horizons' worth at most.
     KEEP = 1 << 17
+    #: Steps planned at least at a time (what one array pass of the plan costs little).
+    AHEAD = 512
 
     def __init__(
         self,
@@ -114,6 +117,7 @@ class MixStream:
         self.B = self._plan.batch_size
         self.world = self._plan.world
         self.per_rank = self.spe * self.B
+        # (rank, first step) -> items of consecutive steps, shape (steps, B, 4)
         self._kept: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._ranks: set[int] = set()
 
@@ -130,15 +134,19 @@ class MixStream:
         rank, m = np.divmod(q, self.per_rank)
         step = epoch * self.spe + m // self.B
         j = m % self.B
-        key = step * self.world + rank
-        # positions come a batch (a step) at a time: one lookup per run of one step, then
-        # one mapping per source and epoch for them all (a source's plan maps an array
-        # for about the cost of one position)
         items = np.empty((len(p), 4), dtype=np.int64)
-        cuts = np.flatnonzero(np.diff(key)) + 1
-        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(p)], strict=True):
-            if a < b:
-                items[a:b] = self.rank_items(int(step[a]), int(rank[a]))[j[a:b]]
+        for r in np.unique(rank).tolist():
+            mine = rank == r
+            st, jj = step[mine], j[mine]
+            self._cover(r, int(st.min()), int(st.max()))
+            got = np.empty((len(st), 4), dtype=np.int64)
+            for (kr, first), arr in self._kept.items():
+                if kr != r:
+                    continue
+                sel = (st >= first) & (st < first + len(arr))
+                if sel.any():
+                    got[sel] = arr[st[sel] - first, jj[sel]]
+            items[mine] = got
         return self._ids(items)
 
     def rank_ids(self, step: int, rank: int) -> np.ndarray:
@@ -148,25 +156,42 @@ class MixStream:
     def rank_items(self, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s items of global step ``step``: rows of ``(source, source
         epoch, owner rank, local index)``, in batch order."""
-        got = self._kept.get((step, rank))
-        if got is not None:
-            return got
-        if step < self.first_step:
-            raise IndexError(f"step {step} is before this stream's first step {self.first_step}")
-        self._ranks.add(rank)
-        if step < self._plan.step:  # gone from what is kept: plan again from the start
-            self._plan = self._fresh()
-        self._plan.skip_to(step)  # (steps not asked for: another worker's)
-        while self._plan.step <= step:
-            s = self._plan.next()
-            for r in sorted(self._ranks):
-                items = np.asarray(s.rank_items(r), dtype=np.int64).reshape(-1, 4)
-                self._keep((s.step, r), items)
-        return self._kept[(step, rank)]
+        self._cover(rank, step, step)
+        got = self._find(rank, step)
+        assert got is not None
+        out: np.ndarray = got[1][step - got[0]]
+        return out
 
-    def _keep(self, key: tuple[int, int], ids: np.ndarray) -> None:
-        self._kept[key] = ids
-        while len(self._kept) > max(16, self.KEEP // self.B) * max(1, len(self._ranks)):
+    def _find(self, rank: int, step: int) -> tuple[int, np.ndarray] | None:
+        for (r, first), arr in self._kept.items():
+            if r == rank and first <= step < first + len(arr):
+                return first, arr
+        return None
+
+    def _cover(self, rank: int, lo: int, hi: int) -> None:
+        """Keep rank ``rank``'s items of steps ``lo`` to ``hi`` (both included)."""
+        if lo < self.first_step:
+            raise IndexError(f"step {lo} is before this stream's first step {self.first_step}")
+        step = lo
+        while step <= hi:
+            got = self._find(rank, step) if rank in self._ranks else None
+            if got is not None:
+                step = got[0] + len(got[1])
+                continue
+            self._ranks.add(rank)
+            if step < self._plan.step:  # gone from what is kept: plan again from the start
+                self._plan = self._fresh()
+            self._plan.skip_to(step)  # (steps not asked for: another worker's)
+            most = max(1, self.KEEP // self.B // 2)
+            n = max(1, min(max(hi + 1 - step, self.AHEAD), most))
+            for r, arr in self._plan.take(n, sorted(self._ranks)).items():
+                self._keep((r, step), arr)
+            step += n
+
+    def _keep(self, key: tuple[int, int], items: np.ndarray) -> None:
+        self._kept[key] = items
+        most = max(16, self.KEEP // self.B) * max(1, len(self._ranks))
+        while sum(len(a) for a in self._kept.values()) > most and len(self._kept) > 1:
             self._kept.popitem(last=False)
 
     def _ids(self, items: np.ndarray) -> np.ndarray:
