@@ -13,7 +13,7 @@ arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -28,6 +28,14 @@ def quota(counts: Sequence[int], weights: Sequence[int], samples: int) -> list[i
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
     c = [int(x) for x in counts]
+    for _ in _give(c, weights, samples):
+        pass
+    return c
+
+
+def _give(c: list[int], weights: Sequence[int], samples: int) -> Iterator[list[int]]:
+    """Give ``samples`` more samples to the counts ``c`` (in place), one at a time by the
+    quota method, yielding ``c`` after each."""
     total = sum(weights)
     n = sum(c)
     k = len(c)
@@ -43,7 +51,7 @@ def quota(counts: Sequence[int], weights: Sequence[int], samples: int) -> list[i
         if best < 0:  # cannot happen: some source is under its upper quota
             raise AssertionError("no source under its quota")
         c[best] += 1
-    return c
+        yield c
 
 
 class Quota:
@@ -68,12 +76,9 @@ class Quota:
         self._w = np.asarray(self.weights, dtype=np.int64)
         self._table: np.ndarray | None = None
         if self.total <= self.TABLE_MAX:
-            table = np.zeros((self.total + 1, len(self.weights)), dtype=np.int64)
-            c = [0] * len(self.weights)
-            for n in range(1, self.total + 1):
-                c = quota(c, self.weights, 1)
-                table[n] = c
-            self._table = table
+            rows = [[0] * len(self.weights)]
+            rows.extend(list(c) for c in _give([0] * len(self.weights), self.weights, self.total))
+            self._table = np.asarray(rows, dtype=np.int64)
 
     @property
     def tabled(self) -> bool:
@@ -88,12 +93,10 @@ class Quota:
         return quota([m * w for w in self.weights], self.weights, r)
 
     def counts_at(self, n: np.ndarray) -> np.ndarray:
-        """:meth:`counts` of an array of sample counts: shape ``(len(n), sources)``."""
-        n = np.asarray(n, dtype=np.int64)
+        """:meth:`counts` of an array of sample counts, shape ``(len(n), sources)``, from
+        the table (:attr:`tabled` only)."""
         if self._table is None:
-            return np.asarray([self.counts(int(x)) for x in n], dtype=np.int64).reshape(
-                len(n), len(self.weights)
-            )
-        m, r = np.divmod(n, self.total)
+            raise ValueError(f"no table for a period of {self.total} samples")
+        m, r = np.divmod(np.asarray(n, dtype=np.int64), self.total)
         out: np.ndarray = m[:, None] * self._w + self._table[r]
         return out

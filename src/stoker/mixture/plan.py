@@ -100,9 +100,7 @@ class MixPlan:
 
     def next(self) -> Step:
         """Plan the next step and move past it."""
-        start = self._constant_since(self.step)
-        if start > self.regime_step:  # a new stretch of weights begins at this step
-            self.regime_step, self.regime_counts = self.step, self.counts
+        self._stretch(1)
         new = self._counts_after(1)
         taken = tuple(n - c for n, c in zip(new, self.counts, strict=True))
         segs, self.epochs = segments(self.epochs, taken, self.epoch_samples)
@@ -142,15 +140,7 @@ class MixPlan:
         gives out samples one by one, so a stretch at once is what its steps would have
         given), a linear ramp a step at a time."""
         while self.step < step:
-            start = self._constant_since(self.step)
-            if start > self.regime_step:  # a new stretch of weights begins at this step
-                self.regime_step, self.regime_counts = self.step, self.counts
-            i = self.schedule.segment(self.step)
-            points = self.schedule.points
-            end = points[i + 1][0] if i + 1 < len(points) else step
-            if self.schedule.linear and i + 1 < len(points):
-                end = self.step + 1
-            n = min(step, end) - self.step
+            n = self._stretch(step - self.step)
             new = self._counts_after(n)
             taken = [a - b for a, b in zip(new, self.counts, strict=True)]
             _, self.epochs = segments(self.epochs, taken, self.epoch_samples)
@@ -165,8 +155,10 @@ class MixPlan:
         B = self.batch_size
         out = {r: np.empty((steps, B, 4), dtype=np.int64) for r in ranks}
         done = 0
+        # (a stretch's arrays: steps x 2 slots a source x world, a million entries at most)
+        cap = max(1, (1 << 20) // (2 * len(self.counts) * self.world))
         while done < steps:
-            m = self._stretch(steps - done)
+            m = self._stretch(min(steps - done, cap))
             got = self._take_stretch(m, ranks)
             if got is None:  # a step can run through more than two epochs of a source
                 for j in range(m):
@@ -181,18 +173,16 @@ class MixPlan:
 
     def _stretch(self, most: int) -> int:
         """Start a regime at this step if a stretch of constant weights begins here, and
-        say how many of the next ``most`` steps it holds (one on a ramp), bounded so that
-        a stretch's arrays stay about a million entries."""
+        say how many of the next ``most`` (>= 1) steps it holds (one on a ramp)."""
         start = self._constant_since(self.step)
-        if start > self.regime_step:
+        if start > self.regime_step:  # a new stretch of weights begins at this step
             self.regime_step, self.regime_counts = self.step, self.counts
         points = self.schedule.points
         i = self.schedule.segment(self.step)
         if self.schedule.linear and i + 1 < len(points):
             return 1
         end = points[i + 1][0] - self.step if i + 1 < len(points) else most
-        cap = max(1, (1 << 20) // (2 * len(self.counts) * self.world))
-        return max(1, min(most, end, cap))
+        return min(most, end)
 
     def _take_stretch(self, m: int, ranks: Sequence[int]) -> dict[int, np.ndarray] | None:
         """:meth:`take` of ``m`` steps of one regime, or None (nothing moved) when a

@@ -174,7 +174,7 @@ class MixStream:
             raise IndexError(f"step {lo} is before this stream's first step {self.first_step}")
         step = lo
         while step <= hi:
-            got = self._find(rank, step) if rank in self._ranks else None
+            got = self._find(rank, step)
             if got is not None:
                 step = got[0] + len(got[1])
                 continue
