@@ -40,7 +40,7 @@ from stoker.loader.distributed import Placement
 from stoker.loader.planned import PlannedDataset
 from stoker.loader.pool import WorkerPool
 from stoker.observe.export import rank_stats
-from stoker.observe.registry import registry, timed
+from stoker.observe.registry import LoaderStats, registry, timed
 from stoker.observe.serving import serve_once
 from stoker.pinned import Lent, Loans
 
@@ -366,7 +366,7 @@ class TokenLoader:
             count = (
                 _count
                 if not hasattr(self.dataset, "count_sources")
-                else functools.partial(self._count_mixed, pl.rank)
+                else functools.partial(self._count_mixed, registry().loader(pl.rank))
             )
             for batch in timed(batches, pl.rank, count, lambda: self._ready):
                 try:
@@ -422,14 +422,14 @@ class TokenLoader:
         if self.last_epoch.epoch is not None:
             self._min_epoch = self.last_epoch.epoch + 1
 
-    def _count_mixed(self, rank: int, batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    def _count_mixed(self, stats: LoaderStats, batch: dict[str, torch.Tensor]) -> tuple[int, int]:
         """A mixture's batch: counted per source too (``loader.stats()["sources"]``)."""
-        counts, targets = self.dataset.count_sources(batch)  # type: ignore[attr-defined]
-        reg = registry()
-        stats = reg.loader(rank)  # (takes the lock itself)
-        with reg.lock:
-            stats.sourced(counts, targets)
-        return _count(batch)
+        ds = self.dataset
+        counts, per_row, targets = ds.count_sources(batch)  # type: ignore[attr-defined]
+        with registry().lock:
+            stats.sourced(ds.names, counts, per_row, targets)  # type: ignore[attr-defined]
+        n = sum(counts)
+        return n, n * per_row
 
     def _set_ready(self, n: int) -> None:
         self._ready = n

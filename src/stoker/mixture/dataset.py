@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,11 +36,11 @@ from stoker.loader.consumer import Reader
 from stoker.loader.planned import PlannedDataset
 from stoker.mixture.deal import rank_counts
 from stoker.mixture.plan import MixPlan
+from stoker.mixture.reader import SOURCE, MixReader
 from stoker.mixture.schedule import WeightSchedule
 from stoker.mixture.stream import EpochSets, MixStream, decode, epoch_set, share_start
 
 STATE_VERSION = 1
-SOURCE = "source"
 _MAX_HORIZON = 1 << 16
 
 
@@ -186,7 +187,12 @@ class Mixture(PlannedDataset):
         least = [min(ws[i] for _, ws in self.schedule.points) for i in range(len(self.names))]
         need = [int(r.horizon / w) for r, w in zip(readers, least, strict=True) if w > 0]
         horizon = min(_MAX_HORIZON, max([*need, *(r.horizon for r in readers)]))
-        return MixReader(readers, self.layout, horizon)
+        # each source's rows are read ahead in the narrow dtypes they are stored in
+        layouts = [
+            self.sources[n].layout.with_dtypes(self.sources[n].transfer_dtypes())
+            for n in self.names
+        ]
+        return MixReader(readers, layouts, self.layout, horizon)
 
     def transfer_dtypes(self) -> dict[str, torch.dtype]:
         """Per field, the narrowest dtype every source's values fit (their promotion)."""
@@ -342,21 +348,21 @@ class Mixture(PlannedDataset):
 
     def count_sources(
         self, batch: Mapping[str, torch.Tensor]
-    ) -> tuple[dict[str, tuple[int, int]], dict[str, float]]:
-        """A batch's samples and tokens per source, and the weights of the step now
-        running (what a loader's per-source figures count)."""
+    ) -> tuple[list[int], int, dict[str, float]]:
+        """A batch's samples per source (by index into :attr:`names`), the tokens a row
+        holds, and the weights of the step now running (what a loader's per-source
+        figures count; once a batch, so kept cheap)."""
         src = batch[SOURCE].numpy()
         n = np.bincount(src, minlength=len(self.names)).tolist()
         tokens = batch.get("tokens")
-        per_row = 0 if tokens is None or not len(src) else int(np.prod(tokens.shape[1:]))
-        counts = {name: (c, c * per_row) for name, c in zip(self.names, n, strict=False) if c}
+        per_row = 0 if tokens is None or not len(src) else math.prod(tokens.shape[1:])
         p = self._progress
         step = (
             0
             if p is None
             else p.epoch * self.steps_per_epoch + max(p.consumed - 1, 0) // self.batch_size
         )
-        return counts, self._targets(step)
+        return n, per_row, self._targets(step)
 
     def _targets(self, step: int) -> dict[str, float]:
         """The weights of ``step`` by source name (kept while they stay the same)."""
@@ -481,33 +487,3 @@ def _regroup(
 
 def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=int)
-
-
-class MixReader:
-    """Rows of a mixture's samples: each source's ids go to that source's reader, planned
-    in the order they come (a source's reader sees only its own samples)."""
-
-    def __init__(self, readers: list[Reader], layout: Layout, horizon: int) -> None:
-        self.readers, self.layout, self.horizon = readers, layout, horizon
-
-    def plan(self, upcoming: np.ndarray) -> None:
-        src, ids = decode(upcoming)
-        for i, r in enumerate(self.readers):
-            r.plan(ids[src == i])
-
-    def fill(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        src, sid = decode(ids)
-        out[SOURCE][...] = src
-        # a rank's step holds its sources' samples in runs: each run read straight
-        # into its rows
-        if not len(src):
-            return
-        cuts = [0, *(np.flatnonzero(src[1:] != src[:-1]) + 1).tolist(), len(src)]
-        which = src[cuts[:-1]].tolist()
-        for i, a, b in zip(which, cuts[:-1], cuts[1:], strict=True):
-            part = {k: v[a:b] for k, v in out.items() if k not in (SOURCE, SAMPLE_ID)}
-            self.readers[i].fill(sid[a:b], part)
-
-    def close(self) -> None:
-        for r in self.readers:
-            r.close()

@@ -201,13 +201,19 @@ class LoaderStats:
     sources: dict[str, list[int]] = field(default_factory=dict)
     targets: dict[str, float] = field(default_factory=dict)
 
-    def sourced(self, counts: dict[str, tuple[int, int]], targets: dict[str, float]) -> None:
-        """A mixture's batch: samples and tokens per source, and its step's weights."""
-        for name, (n, t) in counts.items():
-            acc = self.sources.setdefault(name, [0, 0])
-            acc[0] += n
-            acc[1] += t
-        self.targets = dict(targets)
+    def sourced(
+        self, names: tuple[str, ...], counts: list[int], per_row: int, targets: dict[str, float]
+    ) -> None:
+        """A mixture's batch: its samples per source (``counts[i]`` of ``names[i]``), the
+        tokens a row holds, and its step's weights (kept, not copied)."""
+        for name, n in zip(names, counts, strict=False):
+            if n:
+                acc = self.sources.get(name)
+                if acc is None:
+                    acc = self.sources[name] = [0, 0]
+                acc[0] += n
+                acc[1] += n * per_row
+        self.targets = targets
 
     def handed(self, samples: int, tokens: int, wait: float, step: float | None) -> None:
         self.batches += 1
