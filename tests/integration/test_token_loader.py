@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +162,34 @@ def test_bad_arguments_are_config_errors(written: Written) -> None:
         stoker.TokenLoader(make(written), -1)
     with pytest.raises(stoker.ConfigError, match="prefetch"):
         stoker.TokenLoader(make(written), 1, prefetch=0)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["dataset", "mixture"])
+def test_a_pass_left_open_at_exit_closes_quietly(
+    tmp_path: Path, num_workers: int, kind: str
+) -> None:
+    """A script that stops iterating and ends without closing its loader exits cleanly:
+    its pass is closed while the modules its clean-up needs still exist (it used to be
+    closed by the garbage collector after them, printing a traceback)."""
+    for name in ("a", "b"):
+        write_dataset(tmp_path / name, num_docs=40, seed=ord(name))
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys, stoker\n"
+        "a, b, kind, nw = sys.argv[1:]\n"
+        "ds = stoker.TokenDataset(a, 16, batch_size=4)\n"
+        "if kind == 'mixture':\n"
+        "    ds = stoker.Mixture({'a': ds, 'b': stoker.TokenDataset(b, 16)}, {'a': 1, 'b': 1},"
+        " batch_size=4)\n"
+        "it = iter(stoker.TokenLoader(ds, int(nw)))\n"
+        "print(len(next(it)['tokens']))\n"
+    )
+    got = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "a"), str(tmp_path / "b"), kind,
+         str(num_workers)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "4"
+    assert "Traceback" not in got.stderr and "Exception ignored" not in got.stderr, got.stderr

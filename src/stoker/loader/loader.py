@@ -24,6 +24,7 @@ size or number of workers).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import warnings
 import weakref
@@ -335,7 +336,7 @@ class TokenLoader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """Each batch (on ``device``, if given), in order."""
         if self.device is None:
-            return self._host_iter()
+            return _closed_at_exit(self._host_iter())
         return iter(self._prefetcher())
 
     def _prefetcher(self) -> DevicePrefetcher:
@@ -501,6 +502,29 @@ class TokenLoader:
         epoch.finish()
 
 
+#: A loader's passes not yet finished or closed: closed when the interpreter exits, while
+#: the modules their clean-up uses still exist (a pass left open at the end of a script
+#: was closed by the garbage collector after them, and printed a traceback).
+_open_passes: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _closed_at_exit(
+    gen: Iterator[dict[str, torch.Tensor]],
+) -> Iterator[dict[str, torch.Tensor]]:
+    """``gen`` (a generator), closed at the interpreter's exit if still open then."""
+    _open_passes.add(gen)
+    return gen
+
+
+@atexit.register
+def _close_open_passes() -> None:
+    for gen in list(_open_passes):
+        try:
+            gen.close()
+        except Exception:
+            pass  # exiting: a pass that fails to close has nothing left to lose
+
+
 def _count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
     """A batch's samples and tokens."""
     tokens = batch.get("tokens")
@@ -523,7 +547,7 @@ class _HostView:
         self._warned = False
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self._loader._host_iter(self)
+        return _closed_at_exit(self._loader._host_iter(self))
 
     def __len__(self) -> int:
         return len(self._loader)
