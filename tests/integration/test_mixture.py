@@ -340,6 +340,12 @@ def test_per_source_figures_in_stats_and_prometheus(written: dict[str, Written])
             if s.name == "stoker_loader_source_samples_total" and s.labels["rank"] == str(rank):
                 seen[s.labels["source"]] = s.value
     assert seen == {name: per[name]["samples"] for name in WEIGHTS}
+    # what `stoker top` reads of them: every source's tokens and target (the names match)
+    from stoker.observe import doctor
+
+    ev = doctor.evidence({}, {"here": doctor.parse(generate_latest(reg).decode())}, 1.0)
+    assert set(ev.source_tokens_per_s) >= set(WEIGHTS) and set(ev.source_target) >= set(WEIGHTS)
+    assert all(ev.source_tokens_per_s[name] >= per[name]["tokens"] for name in WEIGHTS)
 
 
 def mid_step_state(written: dict[str, Written], samples: int) -> dict:

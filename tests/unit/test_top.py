@@ -59,3 +59,49 @@ def test_host_of_an_endpoint() -> None:
     assert top.host("127.0.0.1:9400") == "127.0.0.1"
     assert top.host("http://node-3.example:9409/metrics") == "node-3.example"
     assert top.host("[::1]:9400") == "::1"
+
+
+def source_samples(rank: str, per: dict[str, tuple[float, float]]) -> doctor.Samples:
+    """A mixture's per-source counters and target gauge of one rank: name -> (samples,
+    target share)."""
+    out: doctor.Samples = {}
+    for name, (n, target) in per.items():
+        lab = (("rank", rank), ("source", name))
+        out[("stoker_loader_source_samples_total", lab)] = n
+        out[("stoker_loader_source_tokens_total", lab)] = n * 2049
+        out[("stoker_loader_source_target_share", lab)] = target
+    return out
+
+
+def test_a_mixture_gets_a_row_per_source_over_every_rank() -> None:
+    before = {
+        "10.0.0.1:9400": {
+            **rank_samples("0", 0, 0, 0),
+            **source_samples("0", {"web": (100, 0.7), "code": (50, 0.3)}),
+        },
+        "10.0.0.2:9400": {
+            **rank_samples("1", 0, 0, 0),
+            **source_samples("1", {"web": (100, 0.7), "code": (50, 0.3)}),
+        },
+    }
+    after = {
+        "10.0.0.1:9400": {**rank_samples("0", 4e6, 0.2, 1.8), **source_samples("0", {"web": (170, 0.5), "code": (80, 0.5)})},
+        "10.0.0.2:9400": {**rank_samples("1", 4e6, 0.2, 1.8), **source_samples("1", {"web": (160, 0.5), "code": (90, 0.5)})},
+    }  # fmt: skip
+    ev = doctor.evidence(before, after, 2.0)
+    # in the window: web 70 + 60 samples, code 30 + 40
+    assert ev.source_share == {"code": 70 / 200, "web": 130 / 200}
+    assert ev.source_tokens_per_s == {"code": 70 * 2049 / 2.0, "web": 130 * 2049 / 2.0}
+    assert ev.source_target == {"code": 0.5, "web": 0.5}  # the weights now, not before
+    screen = top.frame(ev, after, top.by_node(before, after, 2.0))
+    rows = {line.split()[0]: line.split() for line in screen.splitlines() if line.strip()}
+    assert rows["web"][1:] == [f"{130 * 2049 / 2.0:,.0f}", "65.0%", "50.0%"]
+    assert rows["code"][1:] == [f"{70 * 2049 / 2.0:,.0f}", "35.0%", "50.0%"]
+    assert "source" in rows  # its header; a single-source job has neither
+
+
+def test_a_single_source_job_has_no_source_rows() -> None:
+    before = {"10.0.0.1:9400": rank_samples("0", 0, 0, 0)}
+    after = {"10.0.0.1:9400": rank_samples("0", 4e6, 0.2, 1.8)}
+    screen = top.frame(doctor.evidence(before, after, 2.0), after)
+    assert not any(line.split()[:1] == ["source"] for line in screen.splitlines())

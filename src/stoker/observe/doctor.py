@@ -148,6 +148,11 @@ class Evidence:
     remote_latency: float | None = None  # mean seconds per remote request
     consumed_per_s: dict[str, float] = field(default_factory=dict)  # rank, at the coordinator
     gpu_sm_active: float | None = None
+    #: a mixture's sources (every rank together): tokens/s, the share of the samples
+    #: handed out in the window, and the share the current weights give (mean of ranks)
+    source_tokens_per_s: dict[str, float] = field(default_factory=dict)
+    source_share: dict[str, float] = field(default_factory=dict)
+    source_target: dict[str, float] = field(default_factory=dict)
 
 
 def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: float) -> Evidence:
@@ -235,6 +240,18 @@ def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: flo
     ]
     if gpu:
         ev.gpu_sm_active = sum(gpu) / len(gpu)
+    src_tokens = delta("stoker_loader_source_tokens_total", "source")
+    src_samples = delta("stoker_loader_source_samples_total", "source")
+    ev.source_tokens_per_s = {k: v / seconds for k, v in sorted(src_tokens.items())}
+    total = sum(src_samples.values())
+    if total > 0:
+        ev.source_share = {k: v / total for k, v in sorted(src_samples.items())}
+    targets: dict[str, list[float]] = {}
+    for s in after.values():
+        for (n, labels), v in s.items():
+            if n == "stoker_loader_source_target_share":
+                targets.setdefault(dict(labels).get("source", "?"), []).append(v)
+    ev.source_target = {k: sum(v) / len(v) for k, v in sorted(targets.items())}
     return ev
 
 

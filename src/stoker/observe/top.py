@@ -5,7 +5,8 @@ rates since the last scrape: the job's throughput and stall share, the node
 caches' hit ratio and remote bandwidth, a row per node (the endpoints of one
 host: its ranks, their tokens/s and stall, its cache hits and remote reads) and
 a row per rank (tokens/s, stall, batches ready, consumption at the
-coordinator, ``-`` without one). Rows come from :func:`stoker.observe.doctor.evidence`.
+coordinator, ``-`` without one); for a mixture, a row per source (its tokens/s, its
+share of the samples handed out in the window and the share its weight gives). Rows come from :func:`stoker.observe.doctor.evidence`.
 Without endpoints it reads those the machine's stoker processes recorded
 (:func:`stoker.observe.doctor.endpoints_or_discover`).
 """
@@ -76,6 +77,16 @@ def frame(
                 f"{name:<{wn}} {ranks_of[name]:<{wr}} {sum(n.tokens_per_s.values()):>12,.0f} "
                 f"{100 * nstall:>6.1f}% {doctor._pct(n.hit_ratio):>7} "
                 f"{n.remote_bytes_per_s / 1e6:>12.1f}"
+            )
+    names = sorted({*ev.source_tokens_per_s, *ev.source_target})
+    if names:  # a mixture: its sources, every rank together
+        ws = max(16, *(len(n) for n in names))
+        lines += ["", f"{'source':<{ws}} {'tokens/s':>12} {'share':>7} {'target':>7}"]
+        for name in names:
+            share, target = ev.source_share.get(name), ev.source_target.get(name)
+            lines.append(
+                f"{name:<{ws}} {ev.source_tokens_per_s.get(name, 0.0):>12,.0f} "
+                f"{doctor._pct(share):>7} {doctor._pct(target):>7}"
             )
     lines += [
         "",
