@@ -74,29 +74,41 @@ class Quota:
         self.weights = tuple(int(w) for w in weights)
         self.total = sum(self.weights)
         self._w = np.asarray(self.weights, dtype=np.int64)
+        # made on first use: a ramp's weights change every step, and a step gives out far
+        # fewer samples than the period of most of them
         self._table: np.ndarray | None = None
-        if self.total <= self.TABLE_MAX:
-            rows = [[0] * len(self.weights)]
-            rows.extend(list(c) for c in _give([0] * len(self.weights), self.weights, self.total))
-            self._table = np.asarray(rows, dtype=np.int64)
 
     @property
     def tabled(self) -> bool:
         """Whether counts come from a table (else from up to a period's samples)."""
+        return self.total <= self.TABLE_MAX
+
+    @property
+    def built(self) -> bool:
+        """Whether the table is made already (then counts cost nothing more)."""
         return self._table is not None
+
+    def _tab(self) -> np.ndarray | None:
+        if self._table is None and self.tabled:
+            rows = [[0] * len(self.weights)]
+            rows.extend(list(c) for c in _give([0] * len(self.weights), self.weights, self.total))
+            self._table = np.asarray(rows, dtype=np.int64)
+        return self._table
 
     def counts(self, n: int) -> list[int]:
         """The counts after ``n`` samples from zero."""
         m, r = divmod(int(n), self.total)
-        if self._table is not None:
-            return [int(x) for x in m * self._w + self._table[r]]
+        table = self._tab()
+        if table is not None:
+            return [int(x) for x in m * self._w + table[r]]
         return quota([m * w for w in self.weights], self.weights, r)
 
     def counts_at(self, n: np.ndarray) -> np.ndarray:
         """:meth:`counts` of an array of sample counts, shape ``(len(n), sources)``, from
         the table (:attr:`tabled` only)."""
-        if self._table is None:
+        table = self._tab()
+        if table is None:
             raise ValueError(f"no table for a period of {self.total} samples")
         m, r = np.divmod(np.asarray(n, dtype=np.int64), self.total)
-        out: np.ndarray = m[:, None] * self._w + self._table[r]
+        out: np.ndarray = m[:, None] * self._w + table[r]
         return out

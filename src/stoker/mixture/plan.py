@@ -128,7 +128,8 @@ class MixPlan:
         q = self.quota_of(self.step)
         rel = [c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]
         n = sum(rel)
-        if q.tabled or steps * self.global_batch > q.total:
+        # (the table, or a period's samples, once a stretch gives out a period or more)
+        if q.built or steps * self.global_batch >= q.total:
             rel = q.counts(n + steps * self.global_batch)
         else:  # a few samples on from where the regime stands
             rel = quota(rel, q.weights, steps * self.global_batch)
@@ -197,7 +198,7 @@ class MixPlan:
             sizes.append((size0, S))
         q = self.quota_of(self.step)
         n0 = sum(self.counts) - sum(self.regime_counts)
-        if q.tabled:
+        if q.tabled and (q.built or m * G >= q.total):  # (a ramp's step: fewer, one by one)
             rel = q.counts_at(n0 + G * np.arange(m + 1, dtype=np.int64))
         else:  # a step at a time from where the regime stands
             rows = [[c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]]
