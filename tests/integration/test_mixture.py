@@ -412,3 +412,23 @@ def test_a_mixture_pickles_after_it_planned(written: dict[str, Written]) -> None
     next(iter(mix))
     again = pickle.loads(pickle.dumps(mix))
     assert again.state_dict()["plan"] == mix.state_dict()["plan"]
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_the_device_tier_reads_a_mixture_and_its_state_is_what_training_took(
+    written: dict[str, Written], nw: int
+) -> None:
+    """Through the device tier (its copy path, which also runs without CUDA): the same
+    batches, rows and ``source`` as the loader alone, and a state taken mid-epoch that
+    resumes exactly (what was read ahead into the tier is not counted)."""
+    ref = list(stoker.TokenLoader(make(written), 0))
+    loader = stoker.TokenLoader(make(written), nw, device="cpu")
+    it = iter(loader)
+    head = [next(it) for _ in range(11)]
+    state = loader.state_dict()
+    it.close()
+    check_tokens(written, tuple(WEIGHTS), head)
+    assert ids_of(head) == ids_of(ref[:11])
+    rest = stoker.TokenLoader(make(written), 0)
+    rest.load_state_dict(state)
+    assert ids_of(head) + ids_of(list(rest)) == ids_of(ref)
