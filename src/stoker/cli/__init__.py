@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument(
         "src",
         help="the source: a Megatron dataset (its prefix, .idx or .bin), a MosaicML "
-        "Streaming (MDS) directory, a Hugging Face dataset saved to disk (its directory), "
+        "Streaming (MDS) directory, a LitData optimized directory (TokensLoader), a Hugging "
+        "Face dataset saved to disk (its directory), "
         "parquet (a file or a directory), .arrow, a flat .npy / .bin token array",
     )
     cv.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: input_ids, tokens, token_ids or ids)")  # fmt: skip
     cv.add_argument("--offsets", help="a flat token array's document offsets (.npy or int64 .bin)")
     cv.add_argument("--dtype", help="a raw .bin token array's dtype (uint16, int32, ...)")
-    cv.add_argument("--from", dest="source_format", choices=("megatron", "mds", "hf", "parquet", "arrow", "flat"),
+    cv.add_argument("--from", dest="source_format", choices=("megatron", "mds", "litdata", "hf", "parquet", "arrow", "flat"),
                     help="the source's format (default: told from what is there)")  # fmt: skip
     cv.add_argument("--vocab-size", type=int,
                     help="the vocabulary's size (default: the largest token id + 1)")  # fmt: skip

@@ -20,7 +20,7 @@ from stoker.errors import ConfigError, InputError
 from stoker.formats.token_writer import TokenWriter, WriteOptions
 from stoker.manifest import Manifest
 
-FORMATS = ("megatron", "mds", "hf", "parquet", "arrow", "flat")
+FORMATS = ("megatron", "mds", "litdata", "hf", "parquet", "arrow", "flat")
 
 
 class Documents(Protocol):
@@ -50,12 +50,14 @@ class ConvertStats:
 
 def detect(src: str) -> str:
     """The format of ``src``, from what is there."""
-    from stoker.converters import arrow, mds, megatron
+    from stoker.converters import arrow, litdata, mds, megatron
 
     if megatron.is_megatron(src):
         return "megatron"
     if mds.is_mds(src):
         return "mds"
+    if litdata.is_litdata(src):
+        return "litdata"
     kind = arrow.kind_of(src)
     if kind is not None:
         return kind
@@ -89,6 +91,10 @@ def open_documents(
         from stoker.converters import mds
 
         return mds.open_mds(src, column, dtype)
+    if fmt == "litdata":
+        from stoker.converters import litdata
+
+        return litdata.open_litdata(src)
     if fmt == "megatron":
         from stoker.converters import megatron
 
@@ -117,7 +123,8 @@ def convert(
     the conversion's counts.
 
     ``source_format``: ``megatron`` (a ``.bin`` + ``.idx``), ``mds`` (a MosaicML
-    Streaming directory), ``hf`` (a Hugging Face
+    Streaming directory), ``litdata`` (a LitData optimized directory of
+    ``TokensLoader`` chunks), ``hf`` (a Hugging Face
     dataset saved to disk), ``parquet``, ``arrow`` or ``flat`` (a ``.npy`` or raw
     ``.bin`` token array); by default told from what is there. ``column``: the token-id
     column of Arrow and parquet data (default: the first of ``input_ids``, ``tokens``,

@@ -25,6 +25,7 @@ import numpy as np
 import zstandard
 
 from stoker.converters.arrow import COLUMNS
+from stoker.converters.scan import largest_of
 from stoker.errors import InputError
 
 #: The ndarray encoding's value dtype codes, and its shape dtypes by code.
@@ -70,13 +71,7 @@ class MDSSource:
 
     def largest(self) -> int:
         """The largest token id (a pass over the shards); refuses a negative one."""
-        top = 0
-        for doc, where in self.documents():
-            if len(doc):
-                if int(doc.min()) < 0:
-                    raise InputError(f"{where}: a negative token id ({int(doc.min())})")
-                top = max(top, int(doc.max()))
-        return top
+        return largest_of(self.documents())
 
     def _data(self, shard: _Shard) -> bytes:
         with open(shard.path, "rb") as f:

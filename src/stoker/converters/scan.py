@@ -1,6 +1,9 @@
-"""A pass over a mapped token array (pure numpy, bounded memory)."""
+"""Passes for the largest token id: over a mapped token array (pure numpy, bounded
+memory), or over a converter's documents."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -25,4 +28,16 @@ def largest_id(tokens: np.ndarray, where: str) -> int:
                     f"{int(tokens[at])}, a negative id"
                 )
             top = max(top, int(part.max()))
+    return top
+
+
+def largest_of(documents: Iterator[tuple[np.ndarray, str]]) -> int:
+    """The largest token id of ``documents`` (``(tokens, where)`` pairs; 0 for none); a
+    negative id is an :class:`~stoker.errors.InputError` naming its document."""
+    top = 0
+    for doc, where in documents:
+        if len(doc):
+            if int(doc.min()) < 0:
+                raise InputError(f"{where}: a negative token id ({int(doc.min())})")
+            top = max(top, int(doc.max()))
     return top

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterator
@@ -511,13 +512,22 @@ _open_passes: weakref.WeakSet[Any] = weakref.WeakSet()
 def _closed_at_exit(
     gen: Iterator[dict[str, torch.Tensor]],
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """``gen`` (a generator), closed at the interpreter's exit if still open then."""
+    """``gen`` (a generator), closed at the interpreter's exit if still open then (the
+    exit hook is installed by the first pass, not by importing stoker)."""
+    global _hooked
+    if not _hooked:
+        atexit.register(_close_open_passes, os.getpid())
+        _hooked = True
     _open_passes.add(gen)
     return gen
 
 
-@atexit.register
-def _close_open_passes() -> None:
+_hooked = False
+
+
+def _close_open_passes(pid: int) -> None:
+    if os.getpid() != pid:  # a forked child exiting: the passes are its parent's
+        return
     for gen in list(_open_passes):
         try:
             gen.close()
