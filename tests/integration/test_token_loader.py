@@ -165,7 +165,7 @@ def test_bad_arguments_are_config_errors(written: Written) -> None:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("kind", ["dataset", "mixture"])
+@pytest.mark.parametrize("kind", ["dataset", "mixture", "coordinator"])
 def test_a_pass_left_open_at_exit_closes_quietly(
     tmp_path: Path, num_workers: int, kind: str
 ) -> None:
@@ -182,7 +182,9 @@ def test_a_pass_left_open_at_exit_closes_quietly(
         "if kind == 'mixture':\n"
         "    ds = stoker.Mixture({'a': ds, 'b': stoker.TokenDataset(b, 16)}, {'a': 1, 'b': 1},"
         " batch_size=4)\n"
-        "it = iter(stoker.TokenLoader(ds, int(nw)))\n"
+        "kw = {'coordinator': 'rank0', 'coordinator_state': a + '-state'} if kind == "
+        "'coordinator' else {}\n"
+        "it = iter(stoker.TokenLoader(ds, int(nw), **kw))\n"
         "print(len(next(it)['tokens']))\n"
     )
     got = subprocess.run(

@@ -33,6 +33,7 @@ class Checked:
         self.planned = np.zeros(0, dtype=np.int64)
         self.pos = 0
         self.fills: list[int] = []
+        self.seen: list[int] = []  # every id filled, in order
         self.replans = 0
         self.closed = False
 
@@ -50,6 +51,7 @@ class Checked:
             out["mask"][j] = (row(self.source, sid) % 3) == 0
         self.pos += n
         self.fills.append(n)
+        self.seen += ids.tolist()
 
     def close(self) -> None:
         self.closed = True
@@ -161,3 +163,22 @@ def test_any_sequence_of_plans_and_fills_gives_the_right_rows(
             at += n
     mix.close()
     assert all(r.closed for r in rs)
+
+
+def test_a_new_plan_keeps_the_rows_held_that_begin_it() -> None:
+    """A plan that starts with some of the rows read ahead (a lease's tail taken away)
+    keeps those: none is read twice."""
+    mix, rs = reader(k=1, chunk=16)
+    ids = encode(0, np.arange(100))
+    mix.plan(ids)
+    for a in (0, 4):  # reads of 4 rows, then 8: rows 8-11 held ahead
+        out = MIXED.allocate(4)
+        mix.fill(ids[a : a + 4], out)
+    assert rs[0].seen == list(range(12))
+    new = np.concatenate([ids[8:10], encode(0, np.arange(500, 520))])
+    mix.plan(new)
+    out = MIXED.allocate(10)
+    mix.fill(new[:10], out)
+    check(new[:10], out)
+    assert rs[0].seen.count(8) == rs[0].seen.count(9) == 1  # kept, not read again
+    assert rs[0].seen[12:] == list(range(500, 508))

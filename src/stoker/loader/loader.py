@@ -378,7 +378,7 @@ class TokenLoader:
                     # next one continues from what was consumed (the dataset's progress);
                     # a coordinator-fed pass, whose batches were confirmed as they were
                     # read, is kept as it is and continued by the next pass
-                    keep = self.coordinator is not None and lend is None
+                    keep = self.coordinator is not None and lend is None and not _exiting
                     raise
         finally:
             if keep:
@@ -525,9 +525,14 @@ def _closed_at_exit(
 _hooked = False
 
 
+_exiting = False  # (the interpreter is exiting: a coordinator-fed pass is closed, not kept)
+
+
 def _close_open_passes(pid: int) -> None:
+    global _exiting
     if os.getpid() != pid:  # a forked child exiting: the passes are its parent's
         return
+    _exiting = True
     for gen in list(_open_passes):
         try:
             gen.close()

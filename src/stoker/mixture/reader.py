@@ -47,11 +47,17 @@ class _Ahead:
         return {k: v for k, v in self.layout.allocate(rows).items() if k in self.fields}
 
     def plan(self, ids: np.ndarray) -> None:
-        """The source's ids that come next; rows held that are still their head stay."""
+        """The source's ids that come next; rows held that are still their head stay
+        (those of them that begin it: the rest are let go)."""
         n = self.hi - self.lo
-        if n and not np.array_equal(ids[:n], self.held[self.lo : self.hi]):
-            self.lo = self.hi = n = 0
-            self.step = 0
+        if n:
+            head = ids[:n]
+            diff = np.flatnonzero(head != self.held[self.lo : self.lo + len(head)])
+            keep = int(diff[0]) if len(diff) else len(head)
+            if keep < n:
+                self.hi = self.lo + keep
+                n = keep
+                self.step = 0
         self.ids, self.at = ids[n:], 0
         self.reader.plan(self.ids)
 
