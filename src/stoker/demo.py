@@ -184,6 +184,8 @@ def _rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], results: A
     it2 = _batches(loader2, ds2)
     resumed = [next(it2)["sample_id"].tolist() for _ in range(steps - half)]
     mismatches = sum(a != b for a, b in zip(resumed, seen[half:]))
+    it.close()  # (the passes' workers and threads stop now, not at the interpreter's exit)
+    it2.close()
     stats = torch.tensor(
         [wait, busy, elapsed, float(mismatches), float(steps * B * L)], dtype=torch.float64
     )
