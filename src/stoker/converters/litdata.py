@@ -87,7 +87,7 @@ class LitDataSource:
                 a, b = int(offsets[i]), int(offsets[i + 1])
                 yield (
                     np.frombuffer(raw, self.dtype, (b - a) // self.dtype.itemsize, a),
-                    (f"{c.path}: item {i} (byte {a})"),
+                    f"{c.path}: item {i} (byte {a})",
                 )
 
     def _read(self, c: _Chunk) -> bytes:

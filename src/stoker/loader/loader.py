@@ -507,25 +507,20 @@ class TokenLoader:
 #: the modules their clean-up uses still exist (a pass left open at the end of a script
 #: was closed by the garbage collector after them, and printed a traceback).
 _open_passes: weakref.WeakSet[Any] = weakref.WeakSet()
+_hooked = False  # the exit hook is installed (by the first pass, not by importing stoker)
+_exiting = False  # the interpreter is exiting: a coordinator-fed pass is closed, not kept
 
 
 def _closed_at_exit(
     gen: Iterator[dict[str, torch.Tensor]],
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """``gen`` (a generator), closed at the interpreter's exit if still open then (the
-    exit hook is installed by the first pass, not by importing stoker)."""
+    """``gen`` (a generator), closed at the interpreter's exit if still open then."""
     global _hooked
     if not _hooked:
         atexit.register(_close_open_passes, os.getpid())
         _hooked = True
     _open_passes.add(gen)
     return gen
-
-
-_hooked = False
-
-
-_exiting = False  # (the interpreter is exiting: a coordinator-fed pass is closed, not kept)
 
 
 def _close_open_passes(pid: int) -> None:

@@ -62,24 +62,28 @@ class _Ahead:
         self.reader.plan(self.ids)
 
     def take(self, n: int) -> int:
-        """``n`` rows held (the next ones read, up to a chunk as far as the plan goes);
-        the buffer row of the first. The caller hands them out (``lo += n``)."""
+        """Hand out the next ``n`` rows (reading the next ones first when fewer are held,
+        up to a chunk as far as the plan goes): the buffer row of the first."""
         held = self.hi - self.lo
-        if held >= n:
-            return self.lo
-        cap = len(self.held)
-        if n > cap:  # a batch larger than a chunk: a buffer that holds it
-            buf, kept = self._allocate(n), np.zeros(n, dtype=np.int64)
+        if held < n:
+            self._read(n, held)
+        r = self.lo
+        self.lo += n
+        return r
+
+    def _read(self, n: int, held: int) -> None:
+        """Read enough that ``n`` rows are held; the ``held`` rows still held go to the
+        front of the buffer (a larger one when a batch needs more rows than a chunk)."""
+        grow = n > len(self.held)
+        if grow or self.lo:
+            buf = self._allocate(n) if grow else self.buf
+            kept = np.zeros(n, dtype=np.int64) if grow else self.held
             for k, v in buf.items():
                 v[:held] = self.buf[k][self.lo : self.hi]
             kept[:held] = self.held[self.lo : self.hi]
-            self.buf, self.held, cap = buf, kept, n
-        elif self.lo:  # the rows still held go to the buffer's front (fewer than a batch)
-            for v in self.buf.values():
-                v[:held] = v[self.lo : self.hi]
-            self.held[:held] = self.held[self.lo : self.hi]
+            self.buf, self.held = buf, kept
         self.lo, self.hi = 0, held
-        m = min(cap - held, len(self.ids) - self.at, max(n - held, self.step))
+        m = min(len(self.held) - held, len(self.ids) - self.at, max(n - held, self.step))
         assert m >= n - held, "the mixture's reader reads only planned ids"
         self.step = min(self.chunk, 2 * m)
         ids = self.ids[self.at : self.at + m]
@@ -87,7 +91,6 @@ class _Ahead:
         self.held[held : held + m] = ids
         self.at += m
         self.hi += m
-        return 0
 
 
 class MixReader:
@@ -102,7 +105,7 @@ class MixReader:
         horizon: int,
         chunk: int = CHUNK,
     ) -> None:
-        self.readers, self.layout, self.horizon = readers, layout, horizon
+        self.layout, self.horizon = layout, horizon
         self._ahead = [
             _Ahead(r, lay, max(1, min(chunk, _BUFFER // lay.row_bytes())))
             for r, lay in zip(readers, layouts, strict=True)
@@ -137,13 +140,11 @@ class MixReader:
             if b < n and s[b] == s[a]:
                 continue
             ahead = self._ahead[s[a]]
-            m = b - a
-            r = ahead.lo if ahead.hi - ahead.lo >= m else ahead.take(m)
+            r = ahead.take(b - a)
             for k, v in ahead.buf.items():
-                out[k][a:b] = v[r : r + m]
-            ahead.lo = r + m
+                out[k][a:b] = v[r : r + b - a]
             a = b
 
     def close(self) -> None:
-        for r in self.readers:
-            r.close()
+        for a in self._ahead:
+            a.reader.close()
