@@ -1,5 +1,6 @@
 """One rank of a data-parallel job (torch.distributed, gloo) fed by coordinator="rank0".
 
+With --mixture, the rank reads a stoker.Mixture of token datasets instead.
 Run under the usual launcher environment (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT). Each step all-reduces a tensor, as training does, then records
 the batch's sample ids (one JSON line per step in --out). Rank 0 saves the
@@ -26,7 +27,8 @@ import stoker
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--dataset", help="a token dataset's URL (or --mixture)")
+    ap.add_argument("--mixture", help='JSON {"name": [URL, weight], ...}: a mixture of them')
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--out", required=True)
@@ -43,9 +45,19 @@ def main() -> int:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
-    ds = stoker.TokenDataset(
-        a.dataset, a.seq_len, batch_size=a.batch, cache_dir=a.cache_dir or None
-    )
+    ds: stoker.TokenDataset | stoker.Mixture
+    if a.mixture:
+        parts = json.loads(a.mixture)
+        ds = stoker.Mixture(
+            {n: stoker.TokenDataset(url, a.seq_len, seed=i)
+             for i, (n, (url, _)) in enumerate(parts.items())},
+            {n: w for n, (_, w) in parts.items()},
+            batch_size=a.batch,
+        )  # fmt: skip
+    else:
+        ds = stoker.TokenDataset(
+            a.dataset, a.seq_len, batch_size=a.batch, cache_dir=a.cache_dir or None
+        )
     loader = stoker.TokenLoader(
         ds,
         a.workers,

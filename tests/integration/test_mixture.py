@@ -296,8 +296,6 @@ def test_bad_configurations_and_states_are_refused(written: dict[str, Written]) 
     }
     with pytest.raises(stoker.ConfigError, match="same fields"):
         stoker.Mixture(other, {"a": 1, "b": 1}, batch_size=BATCH)
-    with pytest.raises(stoker.ConfigError, match="coordinator"):
-        stoker.TokenLoader(make(written), coordinator="rank0")
     mix = make(written)
     with pytest.raises(stoker.StateError, match="not a mixture"):
         mix.load_state_dict(sources(written)["web"].state_dict())

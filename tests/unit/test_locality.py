@@ -184,3 +184,30 @@ def test_a_ranks_consumers_share_its_room_in_long_leases() -> None:
         sizes.append(g.end - g.start)
     assert table.steals == 0  # every consumer got a fresh lease, none was split
     assert all(1024 <= n <= S // 4 for n in sizes), sizes
+
+
+def test_a_mixtures_lease_gives_each_source_the_lease_it_would_take_alone() -> None:
+    """A source of least weight w sees about w of a mixture's lease: the lease is the
+    longest of the sources' own over their least weights (capped), at least the setting."""
+    import json
+
+    from stoker.coordinator import locality
+
+    S, unit = 200_000, 256
+    spread = json.loads(_spread_stream(S, unit))
+    alone = locality.lease_size(json.dumps(spread), 0)
+    window = {"num_samples": S, "shard_size": unit, "window_shards": 16}
+    weights = {"names": ["a", "b"], "linear": True,
+               "points": [[0, ["1/2", "1/2"]], [100, ["7/8", "1/8"]]]}  # fmt: skip
+
+    def mixture(a: dict, b: dict, w: dict = weights) -> str:
+        return json.dumps({"mixture": {"a": a, "b": b}, "weights": w, "world": 2,
+                           "batch_size": 8, "steps_per_epoch": 10})  # fmt: skip
+
+    assert locality.lease_size(mixture(window, spread), 4096) == alone * 8  # b's least: 1/8
+    assert locality.lease_size(mixture(spread, window), 4096) == alone * 2  # a's least: 1/2
+    assert locality.lease_size(mixture(window, window), 4096) == 4096
+    none = {**weights, "points": [[0, ["1", "0"]]]}  # a source of weight 0 reads nothing
+    assert locality.lease_size(mixture(window, spread, none), 4096) == 4096
+    tiny = {**weights, "points": [[0, ["1/1048576", "1048575/1048576"]]]}
+    assert locality.lease_size(mixture(spread, window, tiny), 4096) == locality.MIXTURE_LEASE_MAX

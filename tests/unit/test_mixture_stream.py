@@ -100,3 +100,28 @@ def test_a_step_gone_from_what_is_kept_is_planned_again() -> None:
     assert s._find(1, 0) is None
     assert np.array_equal(s.rank_ids(0, 1), first[0])
     assert np.array_equal(s.rank_ids(1, 0), stream(2, 3, 5).rank_ids(1, 0))
+
+
+@settings(max_examples=30, deadline=None)
+@given(world=hs.integers(1, 12), seed=hs.integers(0, 2**32 - 1))
+def test_positions_in_any_order_map_as_each_ranks_own_stream(world: int, seed: int) -> None:
+    """A coordinator's consumer reads stretches of any rank's positions, in the order its
+    leases come (here, random stretches of random ranks): each maps as that rank's own
+    stream maps it, with a few ranks' plans kept at most."""
+    batch, spe = 3, 40
+    rng = np.random.default_rng(seed)
+    s = stream(world, batch, spe)
+    s.AHEAD = 8  # (stretches of a few steps: many plans, and many made again)
+    per_rank = spe * batch
+    alone = stream(world, batch, spe)  # each rank's ids of each step, one rank at a time
+    want = {
+        r: np.concatenate([alone.rank_ids(step, r) for step in range(3 * spe)])
+        for r in range(world)
+    }
+    for _ in range(25):
+        epoch, r = int(rng.integers(0, 3)), int(rng.integers(0, world))
+        lo = int(rng.integers(0, per_rank))
+        m = np.arange(lo, min(per_rank, lo + int(rng.integers(1, 50))))
+        got = s.samples(epoch * per_rank * world + r * per_rank + m)
+        assert got.tolist() == want[r][epoch * per_rank + m].tolist()
+        assert len(s._plans) <= s.PLANS

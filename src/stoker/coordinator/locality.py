@@ -11,6 +11,8 @@ range list here is sorted and disjoint (:mod:`stoker.coordinator.ranges`).
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 from typing import Any
 
 from stoker.coordinator import ranges
@@ -52,10 +54,30 @@ def lease_size(stream: str, configured: int) -> int:
     it falls in (measured: 0.54x the static plan's rate at 4,096-position leases)."""
     try:
         s = json.loads(stream) if stream else {}
+        if "mixture" in s:
+            return _mixture_lease(s, configured)
         turns = len(_profile(s))
         return max(configured, 4 * (turns + 1) * int(s["shard_size"])) if turns else configured
     except (ValueError, KeyError, TypeError, AttributeError):
         return configured
+
+
+#: A mixture's fresh leases are no longer than this, whatever its weights.
+MIXTURE_LEASE_MAX = 1 << 22
+
+
+def _mixture_lease(s: dict[str, Any], configured: int) -> int:
+    """A mixture's lease: a source of least weight ``w`` gets about ``w`` of a lease's
+    positions (they map to a stretch of its own positions), so the lease is long enough
+    that each source's part is as long as that source would lease alone."""
+    weights = s["weights"]
+    size = configured
+    for i, name in enumerate(weights["names"]):
+        need = lease_size(json.dumps(s["mixture"][name]), 0)
+        least = min(Fraction(ws[i]) for _, ws in weights["points"])
+        if need and least > 0:
+            size = max(size, math.ceil(need / least))
+    return min(size, max(configured, MIXTURE_LEASE_MAX))
 
 
 def pick(

@@ -33,10 +33,38 @@ class Batch:
     sample_ids: np.ndarray | None  # None when no consumer registered its mapping
 
 
-def _stream(text: str) -> plan.Stream | None:
+def _stream(text: str) -> Any:
+    """The position -> sample id map of a consumers' stream description: a dataset's
+    (``plan.Stream``) or a mixture's (:class:`~stoker.mixture.stream.MixStream`, its
+    sample ids ``source << 48 | id``); None without one."""
     if not text:
         return None
     s = json.loads(text)
+    try:
+        return _mixture(s) if "mixture" in s else _dataset(s)
+    except (KeyError, TypeError, ValueError):  # a kind of data replay cannot map
+        return None
+
+
+def _mixture(s: dict[str, Any]) -> Any:
+    """A mixture's map: each source's plan, its weights and world, as its consumers had."""
+    from stoker.mixture.plan import MixPlan, schedule_of
+    from stoker.mixture.stream import EpochSizes, MixStream
+
+    schedule = schedule_of(s["weights"])
+    sources = [_dataset(s["mixture"][n]) for n in schedule.names]
+    sizes = EpochSizes(tuple(x.S for x in sources), {})
+    B, world = int(s["batch_size"]), int(s["world"])
+    return MixStream(
+        lambda: MixPlan(schedule, B, world, sizes),
+        None,
+        int(s["steps_per_epoch"]),
+        [x.samples for x in sources],
+        sizes.sizes,
+    )
+
+
+def _dataset(s: dict[str, Any]) -> plan.Stream:
     config = plan.ShuffleConfig(
         s["seed"],
         s["shuffle"],

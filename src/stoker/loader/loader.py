@@ -238,7 +238,8 @@ class TokenLoader:
         if self.coordinator is None:
             self.dataset.load_state_dict(state)
             return
-        st.check_dynamic(state, self.dataset.stream_identity(), self.dataset.num_samples)
+        ds = self.dataset
+        st.check_dynamic(state, ds.stream_identity(), ds.num_samples, ds.stream_change)
         if self._client is not None:
             raise StateError("load_state_dict() must come before the first iteration")
         if state.get("epoch") is None:
@@ -426,8 +427,10 @@ class TokenLoader:
 
     def _count_mixed(self, stats: LoaderStats, batch: dict[str, torch.Tensor]) -> tuple[int, int]:
         """A mixture's batch: counted per source too (``loader.stats()["sources"]``)."""
-        ds = self.dataset
-        counts, per_row, targets = ds.count_sources(batch)  # type: ignore[attr-defined]
+        ds, ep, step = self.dataset, self.last_epoch, None
+        if self.coordinator is not None and ep is not None and ep.epoch is not None:
+            step = ep.epoch * ds.steps_per_epoch + max(ep.batches - 1, 0)  # type: ignore[attr-defined]
+        counts, per_row, targets = ds.count_sources(batch, step)  # type: ignore[attr-defined]
         with registry().lock:
             stats.sourced(ds.names, counts, per_row, targets)  # type: ignore[attr-defined]
         n = sum(counts)

@@ -150,6 +150,11 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         that every rank's consumers agree."""
         return json.dumps(self.identity(), sort_keys=True)
 
+    def stream_change(self, theirs: str) -> str:
+        """Why a coordinator's positions mapped as ``theirs`` (a :meth:`stream_identity`)
+        cannot be this dataset's: the message of the refusal."""
+        return f"the state's data stream {theirs} is not this dataset's {self.stream_identity()}"
+
     def placement(self) -> Placement:
         """This process's rank, world, local rank and DataLoader worker."""
         return detect(self.rank, self.world_size)

@@ -29,6 +29,7 @@ import hashlib
 import json
 import numbers
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,11 +234,14 @@ def check_worker(
 _CHECKPOINT_NAME = re.compile(r"epoch[0-9]+-[0-9a-f]{16}")
 
 
-def check_dynamic(state: Any, stream: str, num_samples: int) -> dict[str, Any]:
+def check_dynamic(
+    state: Any, stream: str, num_samples: int, explain: Callable[[str], str] | None = None
+) -> dict[str, Any]:
     """Raise StateError unless ``state`` is the state of a coordinator-fed loader of this
     data stream (``stream``: the JSON a rank's consumers describe it by): the checkpoint
     name is the coordinator's (``epoch<e>-<sha256 of the snapshot>``), so a snapshot
-    edited after it was taken is refused, and its position sets lie inside its epoch."""
+    edited after it was taken is refused, and its position sets lie inside its epoch.
+    ``explain(theirs)`` says how the state's stream differs, for the error."""
     check_version(state, "coordinator")
     if state.get("epoch") is None:
         return state  # nothing handed out yet: a fresh start
@@ -258,6 +262,8 @@ def check_dynamic(state: Any, stream: str, num_samples: int) -> dict[str, Any]:
         )
     theirs = snapshot.get("stream", "")
     if theirs and theirs != stream:
+        if explain is not None:
+            raise StateError(explain(theirs))
         raise StateError(f"the state's data stream {theirs} is not this dataset's {stream}")
     if integer_field(snapshot, "epoch", 0, epoch, "state snapshot") != epoch:
         raise StateError(f"state snapshot is of epoch {snapshot['epoch']}, the state of {epoch}")

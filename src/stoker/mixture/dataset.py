@@ -22,7 +22,6 @@ import json
 import math
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,10 +34,17 @@ from stoker.loader.batch import SAMPLE_ID, Field, Layout
 from stoker.loader.consumer import Reader
 from stoker.loader.planned import PlannedDataset
 from stoker.mixture.deal import rank_counts
-from stoker.mixture.plan import MixPlan
+from stoker.mixture.plan import MixPlan, weights_json
 from stoker.mixture.reader import SOURCE, MixReader
 from stoker.mixture.schedule import WeightSchedule
-from stoker.mixture.stream import EpochSets, MixStream, decode, epoch_set, share_start
+from stoker.mixture.stream import (
+    EpochSets,
+    EpochSizes,
+    MixStream,
+    decode,
+    epoch_set,
+    share_start,
+)
 
 STATE_VERSION = 1
 _MAX_HORIZON = 1 << 16
@@ -70,8 +76,6 @@ class Mixture(PlannedDataset):
     inside a DataLoader worker restores only onto the same sources, weights and world
     size.
     """
-
-    coordinated = False  # its positions follow its plan's steps, not a lease's ranges
 
     def __init__(
         self,
@@ -131,7 +135,7 @@ class Mixture(PlannedDataset):
     # -- the plan ----------------------------------------------------------------------
     def _make_plan(self, sets: EpochSets | None = None) -> MixPlan:
         """A fresh plan, its sources' epochs those of ``sets`` (default: this mixture's)."""
-        sizes = _EpochSizes(tuple(self.sizes), dict(self._sets if sets is None else sets))
+        sizes = EpochSizes(tuple(self.sizes), dict(self._sets if sets is None else sets))
         return MixPlan(self.schedule, self.batch_size, self._world, sizes)
 
     def _plan_at(self, step: int) -> MixPlan:
@@ -158,6 +162,40 @@ class Mixture(PlannedDataset):
             [self.sources[n].stream().samples for n in self.names],
             self.sizes,
             self._sets,
+        )
+
+    def stream_identity(self) -> str:
+        """How positions map to samples, which a coordinator's consumers must agree on: the
+        sources, and the plan's weights and world too (a coordinator hands out positions
+        of an epoch planned as on this world, under these weights)."""
+        return json.dumps(
+            {
+                **self.identity(),
+                "weights": weights_json(self.schedule),
+                "world": self._world,
+            },
+            sort_keys=True,
+        )
+
+    def stream_change(self, theirs: str) -> str:
+        mine = json.loads(self.stream_identity())
+        try:
+            old = json.loads(theirs)
+            what = [k for k in mine if _canon(old.get(k)) != _canon(mine[k])]
+        except (ValueError, AttributeError):
+            old, what = {}, []
+        said = {
+            "mixture": "other sources",
+            "weights": "other weights",
+            "world": f"{old.get('world')} ranks (this job has {self._world})",
+            "batch_size": "another batch size",
+            "steps_per_epoch": "another number of steps an epoch",
+        }
+        why = ", ".join(said.get(k, k) for k in what) or "another mixture"
+        return (
+            f"{self.name}: the coordinator's checkpoint was planned with {why}; a "
+            "coordinator-fed mixture restores onto the same sources, weights, batch size and "
+            "world (what its coordinator hands out are positions of the plan it began with)"
         )
 
     def identity(self) -> dict[str, Any]:
@@ -347,21 +385,22 @@ class Mixture(PlannedDataset):
         self._progress = None
 
     def count_sources(
-        self, batch: Mapping[str, torch.Tensor]
+        self, batch: Mapping[str, torch.Tensor], step: int | None = None
     ) -> tuple[list[int], int, dict[str, float]]:
         """A batch's samples per source (by index into :attr:`names`), the tokens a row
-        holds, and the weights of the step now running (what a loader's per-source
-        figures count; once a batch, so kept cheap)."""
+        holds, and the weights of global step ``step`` (default: the step now running;
+        what a loader's per-source figures count; once a batch, so kept cheap)."""
         src = batch[SOURCE].numpy()
         n = np.bincount(src, minlength=len(self.names)).tolist()
         tokens = batch.get("tokens")
         per_row = 0 if tokens is None or not len(src) else math.prod(tokens.shape[1:])
-        p = self._progress
-        step = (
-            0
-            if p is None
-            else p.epoch * self.steps_per_epoch + max(p.consumed - 1, 0) // self.batch_size
-        )
+        if step is None:
+            p = self._progress
+            step = (
+                0
+                if p is None
+                else p.epoch * self.steps_per_epoch + max(p.consumed - 1, 0) // self.batch_size
+            )
         return n, per_row, self._targets(step)
 
     def _targets(self, step: int) -> dict[str, float]:
@@ -379,21 +418,6 @@ class Mixture(PlannedDataset):
     def source_of(sample_ids: np.ndarray) -> np.ndarray:
         """The source index (into :attr:`names`) of mixture sample ids."""
         return decode(sample_ids)[0]
-
-
-@dataclass(frozen=True)
-class _EpochSizes:
-    """How many samples a source's epoch deals (a plain object: a dataset holding a plan
-    pickles, for DataLoader workers that are spawned)."""
-
-    sizes: tuple[int, ...]
-    sets: dict[int, tuple[int, np.ndarray]]
-
-    def __call__(self, source: int, epoch: int) -> int:
-        got = self.sets.get(source)
-        if got is None or got[0] != epoch:
-            return self.sizes[source]  # a whole epoch (asked for every step: no set made)
-        return intervals.size(got[1])
 
 
 def _saved_sets(

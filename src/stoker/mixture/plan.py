@@ -289,7 +289,7 @@ class MixPlan:
                 "counts": dict(zip(names, self.regime_counts, strict=True)),
                 "batch_size": self.batch_size,
                 "world": self.world,
-                "weights": _weights_json(self.schedule),
+                "weights": weights_json(self.schedule),
             },
         }
 
@@ -339,7 +339,7 @@ class MixPlan:
             not regrouped
             and set(sources) == set(names)
             and batch == self.batch_size
-            and regime.get("weights") == _weights_json(self.schedule)
+            and regime.get("weights") == weights_json(self.schedule)
         )
         if same:
             rc = regime.get("counts")
@@ -383,13 +383,19 @@ def _place(x: np.ndarray, e0: int, size0: int, S: int) -> tuple[np.ndarray, ...]
     )
 
 
-def _weights_json(s: WeightSchedule) -> dict[str, Any]:
+def weights_json(s: WeightSchedule) -> dict[str, Any]:
     """The schedule as exact, comparable JSON values (fractions as strings)."""
     return {
         "names": list(s.names),
         "linear": s.linear,
         "points": [[step, [str(w) for w in ws]] for step, ws in s.points],
     }
+
+
+def schedule_of(value: dict[str, Any]) -> WeightSchedule:
+    """The schedule :func:`weights_json` wrote."""
+    points = tuple((int(step), tuple(Fraction(w) for w in ws)) for step, ws in value["points"])
+    return WeightSchedule(tuple(value["names"]), points, bool(value["linear"]))
 
 
 def _nonneg(value: Any, name: str, limit: int = 1 << 62) -> int:

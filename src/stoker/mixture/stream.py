@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,21 @@ def decode(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 #: A source's current epoch, when it is not its whole stream range: ``(epoch, the
 #: interval set of its positions left)`` (after a restore on another world size).
 EpochSets = Mapping[int, tuple[int, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class EpochSizes:
+    """How many samples a source's epoch deals (a plain object: a dataset holding a plan
+    pickles, for DataLoader workers that are spawned)."""
+
+    sizes: tuple[int, ...]
+    sets: dict[int, tuple[int, np.ndarray]]
+
+    def __call__(self, source: int, epoch: int) -> int:
+        got = self.sets.get(source)
+        if got is None or got[0] != epoch:
+            return self.sizes[source]  # a whole epoch (asked for every step: no set made)
+        return intervals.size(got[1])
 
 
 def epoch_set(size: int, epoch: int, sets: EpochSets, source: int) -> np.ndarray:
@@ -89,15 +105,20 @@ class MixStream:
     maps source ``i``'s stream positions to its sample ids, ``sizes[i]`` its samples an
     epoch, ``sets`` the sources whose current epoch is not whole.
 
-    Steps are planned in order, a stretch of :data:`AHEAD` steps at least at a time for
-    every rank asked for so far (:meth:`MixPlan.take`; the steps no one asked for are
-    skipped, counts only); the items of the steps planned are kept, :data:`KEEP` rows of
-    them a rank at most, and a step before those is planned again from ``base``."""
+    Each rank asked for has a plan of its own that walks its steps in order, a stretch of
+    :data:`AHEAD` steps at least at a time (:meth:`MixPlan.take`; the steps not asked for
+    are skipped, counts only), so a consumer of a coordinator's leases, which reads
+    stretches of many ranks' positions, does not plan one rank's steps again for another's;
+    :data:`PLANS` of them at most, the least recently used let go. The items of the steps
+    planned are kept, :data:`KEEP` rows of them a rank at most, and a step before those
+    is planned again from ``base``."""
 
     #: Rows of items kept at most (per rank asked for): two horizons' worth at most.
     KEEP = 1 << 17
     #: Steps planned at least at a time (what one array pass of the plan costs little).
     AHEAD = 512
+    #: Ranks' plans kept at most (each holds its quota tables).
+    PLANS = 8
 
     def __init__(
         self,
@@ -112,14 +133,14 @@ class MixStream:
         self.spe = steps_per_epoch
         self.source_samples, self.sizes = source_samples, sizes
         self.sets = dict(sets or {})
-        self._plan = self._fresh()
-        self.first_step = self._plan.step
-        self.B = self._plan.batch_size
-        self.world = self._plan.world
+        first = self._fresh()
+        self.first_step = first.step
+        self.B = first.batch_size
+        self.world = first.world
         self.per_rank = self.spe * self.B
         # (rank, first step) -> items of consecutive steps, shape (steps, B, 4)
         self._kept: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
-        self._ranks: set[int] = set()
+        self._plans: OrderedDict[int, MixPlan] = OrderedDict()  # rank -> its walk
 
     def _fresh(self) -> MixPlan:
         p = self.make_plan()
@@ -178,19 +199,26 @@ class MixStream:
             if got is not None:
                 step = got[0] + len(got[1])
                 continue
-            self._ranks.add(rank)
-            if step < self._plan.step:  # gone from what is kept: plan again from the start
-                self._plan = self._fresh()
-            self._plan.skip_to(step)  # (steps not asked for: another worker's)
+            plan = self._walk(rank, step)
             most = max(1, self.KEEP // self.B // 2)
             n = max(1, min(max(hi + 1 - step, self.AHEAD), most))
-            for r, arr in self._plan.take(n, sorted(self._ranks)).items():
-                self._keep((r, step), arr)
+            self._keep((rank, step), plan.take(n, [rank])[rank])
             step += n
+
+    def _walk(self, rank: int, step: int) -> MixPlan:
+        """Rank ``rank``'s plan, at step ``step`` (made afresh when it is past it)."""
+        plan = self._plans.pop(rank, None)
+        if plan is None or step < plan.step:  # gone from what is kept: from the start
+            plan = self._fresh()
+        plan.skip_to(step)  # (steps not asked for: another worker's)
+        self._plans[rank] = plan
+        while len(self._plans) > self.PLANS:
+            self._plans.popitem(last=False)
+        return plan
 
     def _keep(self, key: tuple[int, int], items: np.ndarray) -> None:
         self._kept[key] = items
-        most = max(16, self.KEEP // self.B) * max(1, len(self._ranks))
+        most = max(16, self.KEEP // self.B) * max(1, len(self._plans))
         while sum(len(a) for a in self._kept.values()) > most and len(self._kept) > 1:
             self._kept.popitem(last=False)
 

@@ -1,0 +1,221 @@
+"""stoker.Mixture fed by a coordinator's leases: every position of the mixture's epoch
+exactly once (the static plan's samples, the same multiset), through a checkpoint, a
+SIGKILL of the whole job, and `stoker replay`; a restore that changes the plan is refused."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.coordinator.client import CoordinatorClient
+from stoker.mixture.stream import decode
+
+from .helpers import Written, reap
+from .test_mixture import BATCH, SEQ_LEN, WEIGHTS, check_tokens, make, written
+from .test_rank0_coordinator import launch, steps
+
+__all__ = ["written"]  # the fixture, shared with test_mixture
+
+B = BATCH
+
+
+def plain(written: dict[str, Written], **kw: object) -> stoker.Mixture:
+    """The mixture ``_train_rank.py --mixture`` reads: its sources shuffle with
+    TokenDataset's defaults."""
+    src = {n: stoker.TokenDataset(str(written[n].path), SEQ_LEN, seed=i)
+           for i, n in enumerate(WEIGHTS)}  # fmt: skip
+    return stoker.Mixture(src, WEIGHTS, batch_size=B, **kw)  # type: ignore[arg-type]
+
+
+def ids(batches: list[dict]) -> list[int]:
+    return [i for b in batches for i in b["sample_id"].tolist()]
+
+
+def static_epoch(
+    written: dict[str, Written], world: int, epoch: int = 0, build: Callable[..., Any] = make
+) -> Counter[int]:
+    """The mixture sample ids of the static plan's epoch ``epoch`` on ``world`` ranks."""
+    out: Counter[int] = Counter()
+    for rank in range(world):
+        loader = stoker.TokenLoader(build(written, rank=rank, world_size=world), 0)
+        for e in range(epoch + 1):
+            got = ids(list(loader))
+            if e == epoch:
+                out.update(got)
+    return out
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_coordinator_feeds_a_mixture_exactly_once_and_resumes(
+    written: dict[str, Written], tmp_path: Path, nw: int
+) -> None:
+    want = static_epoch(written, 1)
+    spe = make(written).steps_per_epoch
+    loader = stoker.TokenLoader(
+        make(written), nw, coordinator="rank0", coordinator_state=str(tmp_path / "a")
+    )
+    it = iter(loader)
+    head = [next(it) for _ in range(9)]
+    state = loader.state_dict()
+    assert state["mode"] == "coordinator" and state["batches"] == 9
+    it.close()
+    loader.close()
+    again = stoker.TokenLoader(
+        make(written), nw, coordinator="rank0", coordinator_state=str(tmp_path / "b")
+    )
+    again.load_state_dict(json.loads(json.dumps(state)))
+    rest = list(again)
+    again.close()
+    check_tokens(written, tuple(WEIGHTS), head + rest)
+    assert all(len(b["sample_id"]) == B for b in head + rest)
+    assert len(head) + len(rest) == spe  # the rank's batches, as without the break
+    # the epoch's samples are the static plan's, each as often (a small source repeats)
+    assert Counter(ids(head + rest)) == want
+    # so every source's share of the epoch is exactly the plan's
+    shares = np.bincount(np.concatenate([b["source"].numpy() for b in head + rest]), minlength=3)
+    assert shares.tolist() == np.bincount(decode(np.array(list(want.elements())))[0]).tolist()
+
+
+def test_two_ranks_read_the_epoch_of_the_static_plan_and_replay_names_the_samples(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    n = make(written, rank=0, world_size=2).num_samples
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stoker.cli", "coordinator", "--state", str(tmp_path / "state"),
+         "--world", "2", "--num-samples", str(n), "--drop-remainder", "--lease-size", "24"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        client = None
+        for line in proc.stdout:
+            if "serving" in line:
+                client = CoordinatorClient(line.split("serving ")[1].split()[0])
+                break
+        assert client is not None, "the coordinator did not start"
+        order: dict[int, list[list[int]]] = {}
+        for rank in (0, 1):
+            loader = stoker.TokenLoader(
+                make(written, rank=rank, world_size=2), 2, coordinator=client
+            )
+            batches = list(loader)
+            check_tokens(written, tuple(WEIGHTS), batches)
+            order[rank] = [b["sample_id"].tolist() for b in batches]
+            assert len(batches) == make(written, rank=rank, world_size=2).steps_per_epoch
+        assert Counter(i for r in order.values() for b in r for i in b) == static_epoch(written, 2)
+    finally:
+        reap(proc)
+    out = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "replay", "--state", str(tmp_path / "state")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    replayed: dict[int, list[list[int]]] = {0: [], 1: []}
+    for line in out.splitlines():
+        row = json.loads(line)
+        if row["epoch"] == 0:
+            replayed[row["rank"]].append(row["sample_ids"])
+    assert replayed == order  # the journal alone names every batch's mixture samples
+
+
+def test_a_job_killed_mid_epoch_resumes_and_delivers_its_epoch_once(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    """Two ranks (torch.distributed, rank 0 starting the coordinator) killed with SIGKILL
+    after step 5; resumed from the state rank 0 saved at step 3."""
+    mixture = json.dumps({n: [str(written[n].path), w] for n, w in WEIGHTS.items()})
+    common = ["--mixture", mixture, "--seq-len", str(SEQ_LEN), "--batch", str(B),
+              "--lease-size", "24"]  # fmt: skip
+    state = tmp_path / "state.json"
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    run1.mkdir(), run2.mkdir()
+    SAVE, STOP = 3, 5
+    procs = launch(2, run1, [*common, "--save-at", str(SAVE), "--state", str(state),
+                             "--stop-at", str(STOP), "--workers", "2"])  # fmt: skip
+    for p in procs:
+        assert p.stdout is not None
+        assert p.stdout.readline().startswith("stopped"), "a rank did not reach the crash point"
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        reap(p)
+    procs = launch(2, run2, [*common, "--resume", str(state), "--epochs", "2"])
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+    first, second = steps(run1, 2), steps(run2, 2)
+    trained = [i for r in first for s in first[r] if s["step"] <= SAVE for i in s["ids"]]
+    epoch0 = trained + [i for r in second for s in second[r] if s["epoch"] == 0 for i in s["ids"]]
+    epoch1 = [i for r in second for s in second[r] if s["epoch"] == 1 for i in s["ids"]]
+    assert Counter(epoch0) == static_epoch(written, 2, 0, plain)  # nothing lost or twice
+    assert Counter(epoch1) == static_epoch(written, 2, 1, plain)  # the plan runs on
+    for e in (0, 1):  # every rank took the same number of steps in each epoch
+        assert len({sum(s["epoch"] == e for s in second[r]) for r in range(2)}) == 1
+
+
+def test_a_restore_that_changes_the_plan_is_refused_naming_the_change(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    loader = stoker.TokenLoader(
+        make(written), 0, coordinator="rank0", coordinator_state=str(tmp_path / "s")
+    )
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    loader.close()
+    other = {"web": 0.2, "code": 0.2, "book": 0.6}
+    with pytest.raises(stoker.StateError, match="other weights"):
+        stoker.TokenLoader(make(written, other), 0, coordinator="rank0").load_state_dict(state)
+    wider = make(written, rank=0, world_size=2, steps_per_epoch=make(written).steps_per_epoch)
+    with pytest.raises(stoker.StateError, match="1 ranks"):
+        stoker.TokenLoader(wider, 0, coordinator="rank0").load_state_dict(state)
+
+
+def test_per_source_figures_follow_the_schedule_under_a_coordinator(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    schedule = stoker.WeightSchedule.of([(0, {"web": 1, "code": 1}), (6, {"web": 3, "code": 1})])
+    loader = stoker.TokenLoader(
+        make(written, schedule), 0, coordinator="rank0", coordinator_state=str(tmp_path / "s")
+    )
+    it = iter(loader)
+    for _ in range(6):
+        next(it)
+    assert loader.stats()["sources"]["web"]["target"] == pytest.approx(0.5)
+    next(it)  # step 6: the second point's weights
+    assert loader.stats()["sources"]["web"]["target"] == pytest.approx(0.75)
+    it.close()
+    loader.close()
+
+
+def test_through_the_device_tier_the_state_is_what_training_took(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    """The device tier's copy path (it runs without CUDA too) over a coordinator-fed
+    mixture: what it read ahead is not in the state, so the epoch still comes once."""
+    loader = stoker.TokenLoader(
+        make(written), 2, device="cpu", coordinator="rank0", coordinator_state=str(tmp_path / "a")
+    )
+    it = iter(loader)
+    head = [next(it) for _ in range(7)]
+    state = loader.state_dict()
+    assert state["batches"] == 7
+    it.close()
+    loader.close()
+    again = stoker.TokenLoader(
+        make(written), 0, coordinator="rank0", coordinator_state=str(tmp_path / "b")
+    )
+    again.load_state_dict(state)
+    rest = list(again)
+    again.close()
+    check_tokens(written, tuple(WEIGHTS), head + rest)
+    assert Counter(ids(head + rest)) == static_epoch(written, 1)
