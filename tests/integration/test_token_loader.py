@@ -195,3 +195,35 @@ def test_a_pass_left_open_at_exit_closes_quietly(
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "4"
     assert "Traceback" not in got.stderr and "Exception ignored" not in got.stderr, got.stderr
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_forked_child_that_exits_leaves_its_parents_pass_alone(
+    tmp_path: Path, num_workers: int
+) -> None:
+    """A process forked (``os.fork()``) mid-pass that exits normally closes nothing of its
+    parent's: multiprocessing's exit handler used to terminate the parent's workers,
+    and the child's clean-up ran the parent's (its reader threads are not the child's)."""
+    write_dataset(tmp_path / "a", num_docs=40, seed=3)
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import os, sys, stoker\n"
+        "a, nw = sys.argv[1:]\n"
+        "want = [b['sample_id'].tolist() for b in stoker.TokenLoader("
+        "stoker.TokenDataset(a, 16, batch_size=4), 0)]\n"
+        "it = iter(stoker.TokenLoader(stoker.TokenDataset(a, 16, batch_size=4), int(nw)))\n"
+        "head = [next(it)['sample_id'].tolist() for _ in range(3)]\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)  # a child with work of its own, ending as Python programs do\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status), head + [b['sample_id'].tolist() for b in it]"
+        " == want)\n"
+    )
+    got = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "a"), str(num_workers)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["0", "True"], got.stderr
+    assert "Traceback" not in got.stderr and "Exception ignored" not in got.stderr, got.stderr

@@ -39,6 +39,7 @@ import os
 import signal
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -141,6 +142,8 @@ def give_back(conn: Connection, slot: int) -> None:
 class WorkerPool:
     """``num_workers`` consumers of ``spec`` (or the calling process, with 0)."""
 
+    _getpid = staticmethod(os.getpid)  # (held here: a module's globals go at shutdown)
+
     def __init__(
         self,
         spec: ConsumerSpec,
@@ -162,6 +165,7 @@ class WorkerPool:
         self.began: dict[int, Began] = {}  # worker -> its consumer's latest registration
         self._inline: Iterator[Began | Made] | None = None
         self._started = False
+        self._pid = os.getpid()  # the process whose workers these are
 
     def start(self) -> None:
         """Fork the workers (each with its ring of slots and every slot to fill)."""
@@ -171,6 +175,7 @@ class WorkerPool:
             return
         B = self.spec.batch_size
         self.rings = [Slots(self.layout, self.prefetch, B) for _ in range(self.num_workers)]
+        _forgotten_in_forks(self)
         ctx = mp.get_context("fork")
         for w in range(self.num_workers):
             parent, child = ctx.Pipe(duplex=True)
@@ -288,9 +293,40 @@ class WorkerPool:
         )
 
     def close(self) -> None:
-        """Stop every worker (no worker outlives this) or the in-process consumer."""
+        """Stop every worker (no worker outlives this) or the in-process consumer; in a
+        process forked from the pool's (``os.fork()``), nothing: they are the parent's."""
+        if self._getpid() != self._pid:
+            return
         if self._inline is not None:
             self._inline.close()  # type: ignore[attr-defined]
             self._inline = None
         supervise.stop(self.conns, self.procs)
         self.conns, self.procs = [], []
+
+
+_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()  # pools with worker processes
+
+
+def _forgotten_in_forks(pool: WorkerPool) -> None:
+    """Keep ``pool``'s workers out of what a child forked from this process
+    (``os.fork()``, not stoker's own workers) counts as its own: multiprocessing's exit
+    handler in such a child, when it exits normally, terminates the daemonic processes
+    it counts, which would kill the parent's workers. Installed by the first pool with
+    workers, not by importing stoker."""
+    global _fork_hook
+    _pools.add(pool)
+    if not _fork_hook:
+        _fork_hook = True
+        os.register_at_fork(after_in_child=_forget_pools)
+
+
+_fork_hook = False
+
+
+def _forget_pools() -> None:
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for pool in list(_pools):
+        for proc in pool.procs:
+            children.discard(proc)

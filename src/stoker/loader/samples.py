@@ -21,6 +21,7 @@ most ever held are touched, and only those take memory).
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -59,6 +60,8 @@ class SampleReader:
     decode), none when the block's first tokens were kept.
     """
 
+    _getpid = staticmethod(os.getpid)  # (held here: a module's globals go at shutdown)
+
     def __init__(
         self,
         source: TokenSource,
@@ -95,6 +98,7 @@ class SampleReader:
         self._flag = np.zeros((0, self.width if doc_starts else 0), dtype=bool)
         self._free: list[int] = []
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # its threads live in this process only
         self._changed = threading.Condition(self._lock)
         # fetches wait for a network or an agent (which decodes for its readers, several
         # blocks at once), not local reads: more threads than decode for those; a record
@@ -486,6 +490,8 @@ class SampleReader:
             raise self._error
 
     def close(self) -> None:
+        if self._getpid() != self._pid:
+            return  # a forked child closing its parent's reader: the threads are the parent's
         with self._lock:
             self._closed = True
             self._jobs = Jobs.empty()
