@@ -4,6 +4,8 @@ With ``--torch`` the rank reads through torch's DataLoader instead (wrapped in
 ``stoker.Metered``), its samples passed through a transform that burns
 ``--transform-ms`` of CPU each (in worker ``--slow-worker`` only, if given).
 
+With ``--mixture`` it reads a stoker.Mixture of token datasets instead.
+
 Prints "ready" once it has taken its first step (its metrics endpoint is up), then trains
 epoch after epoch until its standard input closes. With WORLD_SIZE > 1 it joins a gloo
 group and all-reduces every step, as data-parallel training does (a slow rank then slows
@@ -47,7 +49,8 @@ class Transformed(IterableDataset):  # type: ignore[type-arg]
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--dataset", help="a token dataset's URL (or --mixture)")
+    ap.add_argument("--mixture", help='JSON {"name": [URL, weight], ...}: a mixture of them')
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--workers", type=int, default=1)
@@ -70,11 +73,21 @@ def main() -> int:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
-    ds = stoker.TokenDataset(
-        a.dataset, a.seq_len, batch_size=a.batch, cache_dir=a.cache_dir,
-        cache_limit=a.cache_limit, shm_limit=a.shm_limit, window_shards=a.window_shards,
-        agent=None if a.cache_dir else False, arena_blocks=a.arena_blocks,
-    )  # fmt: skip
+    ds: Any = None
+    if a.dataset:
+        ds = stoker.TokenDataset(
+            a.dataset, a.seq_len, batch_size=a.batch, cache_dir=a.cache_dir,
+            cache_limit=a.cache_limit, shm_limit=a.shm_limit, window_shards=a.window_shards,
+            agent=None if a.cache_dir else False, arena_blocks=a.arena_blocks,
+        )  # fmt: skip
+    if a.mixture:
+        parts = json.loads(a.mixture)
+        ds = stoker.Mixture(
+            {n: stoker.TokenDataset(url, a.seq_len, window_shards=a.window_shards, agent=False)
+             for n, (url, _) in parts.items()},
+            {n: w for n, (_, w) in parts.items()},
+            batch_size=a.batch,
+        )  # fmt: skip
     loader: Any
     if a.torch:
         from torch.utils.data import DataLoader

@@ -1,7 +1,8 @@
 """`stoker doctor` against real jobs with a bottleneck induced for real: a healthy run, a
 cache smaller than the working set, decode-bound workers, an expensive transform in torch
-DataLoader workers, one slow DataLoader worker, and one slowed rank (its storage
-through a rate-limited origin) in a gloo job. Each job is a real process serving its
+DataLoader workers, one slow DataLoader worker, one slowed rank (its storage
+through a rate-limited origin) in a gloo job, and a mixture's source behind a
+rate-limited origin. Each job is a real process serving its
 metrics; the doctor is the real CLI scraping them."""
 
 from __future__ import annotations
@@ -246,3 +247,28 @@ def test_a_throttled_storage_link_is_named(
     finally:
         problems = net.destroy()
     assert not problems, problems
+
+
+def test_a_mixtures_source_on_slow_storage_is_named(
+    tmp_path_factory: pytest.TempPathFactory, nginx_bin: str, jobs: Jobs, tmp_path: Path
+) -> None:
+    """Three sources, two on local disk and one behind a rate-limited HTTP origin (nginx's
+    limit_rate): the doctor names that source, not just "storage"."""
+    from servers import NginxOrigin
+
+    root = tmp_path_factory.mktemp("mixdoctor")
+    local = {n: write_dataset(root / n, num_docs=400, seed=30 + i, block_tokens=4096, max_len=600)
+             for i, n in enumerate(("web", "book"))}  # fmt: skip
+    write_dataset(root / "code", num_docs=400, seed=40, block_tokens=4096, max_len=600)
+    with NginxOrigin(root, nginx=nginx_bin, prefix=tmp_path / "nginx", slow_rate=2048) as o:
+        mixture = {
+            "web": [str(local["web"].path), 0.5],
+            "code": [o.url_for("code", via="slow"), 0.3],
+            "book": [str(local["book"].path), 0.2],
+        }
+        port, proc = jobs.start("--mixture", json.dumps(mixture), "--workers", "1",
+                                "--step", "0.005")  # fmt: skip
+        Jobs.ready(proc)
+        d = doctor(port, window=4.0)
+    assert (d["bottleneck"], d["source"]) == ("source", "code"), d
+    assert "source code" in d["summary"]

@@ -346,6 +346,35 @@ def test_per_source_figures_in_stats_and_prometheus(written: dict[str, Written])
     assert all(ev.source_tokens_per_s[name] >= per[name]["tokens"] for name in WEIGHTS)
 
 
+@pytest.mark.parametrize("nw", [0, 2])
+def test_each_sources_reads_are_timed_and_counted(written: dict[str, Written], nw: int) -> None:
+    """What the consumers (this process, or the workers, whose counts travel with their
+    batches) read of each source over a whole pass: as many rows as it handed out, and the
+    seconds its reader took, in the process's figures and its /metrics."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from stoker.observe import doctor
+    from stoker.observe.export import with_exported
+    from stoker.observe.exposition import Collector
+    from stoker.observe.registry import registry
+
+    before = registry().snapshot()["sources"]
+    loader = stoker.TokenLoader(make(written), nw)
+    got = np.concatenate([b["source"].numpy() for b in loader])
+    after = registry().snapshot()["sources"]
+    for i, name in enumerate(WEIGHTS):
+        secs, rows = (a - b for a, b in zip(after[name], before.get(name, (0.0, 0.0)), strict=True))
+        assert rows == int((got == i).sum())  # every row read was handed out, once
+        assert secs > 0
+    reg = CollectorRegistry()
+    reg.register(Collector())
+    ev = doctor.evidence({}, {"here": doctor.parse(generate_latest(reg).decode())}, 1.0)
+    # /metrics: this process's figures (and those DataLoader workers of earlier tests left)
+    total = with_exported(registry().snapshot())[0]["sources"]
+    assert ev.source_read_samples == pytest.approx({k: v[1] for k, v in total.items()})
+    assert ev.source_read_seconds == pytest.approx({k: v[0] for k, v in total.items()})
+
+
 def mid_step_state(written: dict[str, Written], samples: int) -> dict:
     ds = make(written)
     it = iter(ds)

@@ -109,3 +109,44 @@ def test_busy_share_per_worker_from_two_scrapes() -> None:
     after = doctor.parse(text.format(w=0, b=2, a=6) + text.format(w=1, b=4.6, a=6))
     e = doctor.evidence({"a": before}, {"a": after}, 4.0)
     assert e.busy_by_worker == pytest.approx({"0/0": 0.25, "0/1": 0.9})
+
+
+def test_a_source_whose_reads_stall_the_job_is_named() -> None:
+    """A mixture whose consumers wait on one source's reads most of the time they wait on
+    sources, at several times the others' cost a sample: that source, before the storage
+    verdict the same figures would also give."""
+    slow_reads = {"web": 0.4, "code": 6.0, "book": 0.2}  # seconds waited in the window
+    samples = {"web": 4000.0, "code": 2400.0, "book": 1600.0}
+    e = ev(stall={"0": 0.4, "1": 0.4}, hit_ratio=0.3, remote_latency=0.3,
+           source_read_seconds=slow_reads, source_read_samples=samples)  # fmt: skip
+    d = doctor.diagnose(e)
+    assert (d.bottleneck, d.source) == ("source", "code"), doctor.render(d)
+    assert "source code" in d.summary and d.to_dict()["source"] == "code"
+    assert any("reads by source" in line and "code: 90.9%" in line for line in d.evidence)
+    # no stall: nothing to blame, however uneven the reads
+    assert doctor.diagnose(ev(source_read_seconds=slow_reads, source_read_samples=samples)).bottleneck == "none"  # fmt: skip
+    # the same cost a sample everywhere: the big source takes most of the time, as it should
+    even = {"web": 4.0, "code": 2.4, "book": 1.6}
+    e = ev(stall={"0": 0.4, "1": 0.4}, hit_ratio=0.3, remote_latency=0.3,
+           source_read_seconds=even, source_read_samples=samples)  # fmt: skip
+    assert doctor.diagnose(e).bottleneck == "storage"
+    # one source only: a mixture of one has nothing to compare
+    one = ev(stall={"0": 0.4}, source_read_seconds={"web": 9.0}, source_read_samples={"web": 10.0})
+    assert doctor.diagnose(one).source is None
+
+
+def test_per_source_reads_from_two_scrapes() -> None:
+    def scrape(web: float, code: float, n: float) -> doctor.Samples:
+        return {
+            ("stoker_loader_source_read_seconds_total", (("source", "web"),)): web,
+            ("stoker_loader_source_read_seconds_total", (("source", "code"),)): code,
+            ("stoker_loader_source_read_samples_total", (("source", "web"),)): n,
+            ("stoker_loader_source_read_samples_total", (("source", "code"),)): n / 2,
+        }
+
+    before = {"a:1": scrape(1.0, 2.0, 100), "b:1": scrape(0.5, 0.5, 100)}
+    after = {"a:1": scrape(1.5, 5.0, 300), "b:1": scrape(1.0, 2.5, 200)}
+    e = doctor.evidence(before, after, 2.0)
+    assert e.source_read_seconds == pytest.approx({"web": 1.0, "code": 5.0})
+    assert e.source_read_samples == pytest.approx({"web": 300.0, "code": 150.0})
+    assert e.source_read_share() == pytest.approx({"web": 1 / 6, "code": 5 / 6})

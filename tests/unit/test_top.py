@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from stoker.observe import doctor, top
 
 
@@ -61,15 +63,21 @@ def test_host_of_an_endpoint() -> None:
     assert top.host("[::1]:9400") == "::1"
 
 
-def source_samples(rank: str, per: dict[str, tuple[float, float]]) -> doctor.Samples:
+def source_samples(
+    rank: str, per: dict[str, tuple[float, float]], reads: dict[str, float] | None = None
+) -> doctor.Samples:
     """A mixture's per-source counters and target gauge of one rank: name -> (samples,
-    target share)."""
+    target share); ``reads``: the process's seconds waited on each source's reads (of
+    as many samples as were handed out)."""
     out: doctor.Samples = {}
     for name, (n, target) in per.items():
         lab = (("rank", rank), ("source", name))
         out[("stoker_loader_source_samples_total", lab)] = n
         out[("stoker_loader_source_tokens_total", lab)] = n * 2049
         out[("stoker_loader_source_target_share", lab)] = target
+        if reads is not None:
+            out[("stoker_loader_source_read_seconds_total", (("source", name),))] = reads[name]
+            out[("stoker_loader_source_read_samples_total", (("source", name),))] = n
     return out
 
 
@@ -77,16 +85,16 @@ def test_a_mixture_gets_a_row_per_source_over_every_rank() -> None:
     before = {
         "10.0.0.1:9400": {
             **rank_samples("0", 0, 0, 0),
-            **source_samples("0", {"web": (100, 0.7), "code": (50, 0.3)}),
+            **source_samples("0", {"web": (100, 0.7), "code": (50, 0.3)}, {"web": 1, "code": 1}),
         },
         "10.0.0.2:9400": {
             **rank_samples("1", 0, 0, 0),
-            **source_samples("1", {"web": (100, 0.7), "code": (50, 0.3)}),
+            **source_samples("1", {"web": (100, 0.7), "code": (50, 0.3)}, {"web": 1, "code": 1}),
         },
-    }
+    }  # fmt: skip
     after = {
-        "10.0.0.1:9400": {**rank_samples("0", 4e6, 0.2, 1.8), **source_samples("0", {"web": (170, 0.5), "code": (80, 0.5)})},
-        "10.0.0.2:9400": {**rank_samples("1", 4e6, 0.2, 1.8), **source_samples("1", {"web": (160, 0.5), "code": (90, 0.5)})},
+        "10.0.0.1:9400": {**rank_samples("0", 4e6, 0.2, 1.8), **source_samples("0", {"web": (170, 0.5), "code": (80, 0.5)}, {"web": 1.3, "code": 1.1})},
+        "10.0.0.2:9400": {**rank_samples("1", 4e6, 0.2, 1.8), **source_samples("1", {"web": (160, 0.5), "code": (90, 0.5)}, {"web": 1.3, "code": 1.3})},
     }  # fmt: skip
     ev = doctor.evidence(before, after, 2.0)
     # in the window: web 70 + 60 samples, code 30 + 40
@@ -95,8 +103,10 @@ def test_a_mixture_gets_a_row_per_source_over_every_rank() -> None:
     assert ev.source_target == {"code": 0.5, "web": 0.5}  # the weights now, not before
     screen = top.frame(ev, after, top.by_node(before, after, 2.0))
     rows = {line.split()[0]: line.split() for line in screen.splitlines() if line.strip()}
-    assert rows["web"][1:] == [f"{130 * 2049 / 2.0:,.0f}", "65.0%", "50.0%"]
-    assert rows["code"][1:] == [f"{70 * 2049 / 2.0:,.0f}", "35.0%", "50.0%"]
+    # reads in the window: web 0.3 + 0.3 s, code 0.1 + 0.3 s
+    assert ev.source_read_share() == pytest.approx({"web": 0.6, "code": 0.4})
+    assert rows["web"][1:] == [f"{130 * 2049 / 2.0:,.0f}", "65.0%", "50.0%", "60.0%"]
+    assert rows["code"][1:] == [f"{70 * 2049 / 2.0:,.0f}", "35.0%", "50.0%", "40.0%"]
     assert "source" in rows  # its header; a single-source job has neither
 
 

@@ -230,7 +230,7 @@ class Mixture(PlannedDataset):
             self.sources[n].layout.with_dtypes(self.sources[n].transfer_dtypes())
             for n in self.names
         ]
-        return MixReader(readers, layouts, self.layout, horizon)
+        return MixReader(readers, layouts, self.layout, horizon, names=list(self.names))
 
     def transfer_dtypes(self) -> dict[str, torch.dtype]:
         """Per field, the narrowest dtype every source's values fit (their promotion)."""

@@ -6,16 +6,22 @@ check of the plan, its bookkeeping) once per source per batch; instead a source'
 samples are read up to ``chunk`` at a time, in plan order, into a small buffer of
 that source's rows (in the narrow dtypes it stores them in: the copy out converts),
 and a batch copies its rows out of the buffers. A source's reader sees only its own
-samples, planned ahead as that source's alone.
+samples, planned ahead as that source's alone. Each read is timed: the seconds a
+source's reader took to hand its rows (what the consumer waited on it) are the
+process's per-source read figures (``stoker_loader_source_read_seconds``), by which
+``stoker doctor`` names a source that stalls the job.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from stoker.loader.batch import SAMPLE_ID, Layout
 from stoker.loader.consumer import Reader
 from stoker.mixture.stream import decode
+from stoker.observe.registry import registry
 
 SOURCE = "source"
 #: Samples of a source read at once at most (fewer where that many rows would take
@@ -31,8 +37,8 @@ class _Ahead:
     """One source's reader, the ids it is planned with, and rows read of them but not yet
     handed out."""
 
-    def __init__(self, reader: Reader, layout: Layout, chunk: int) -> None:
-        self.reader, self.layout, self.chunk = reader, layout, chunk
+    def __init__(self, reader: Reader, layout: Layout, chunk: int, name: str) -> None:
+        self.reader, self.layout, self.chunk, self.name = reader, layout, chunk, name
         self.fields = [k for k in layout if k not in (SOURCE, SAMPLE_ID)]
         self.buf = self._allocate(chunk)
         self.held = np.zeros(chunk, dtype=np.int64)  # of buffer rows [lo, hi): their ids
@@ -87,7 +93,9 @@ class _Ahead:
         assert m >= n - held, "the mixture's reader reads only planned ids"
         self.step = min(self.chunk, 2 * m)
         ids = self.ids[self.at : self.at + m]
+        start = time.perf_counter()
         self.reader.fill(ids, {k: v[held : held + m] for k, v in self.buf.items()})
+        registry().source_read(self.name, time.perf_counter() - start, m)
         self.held[held : held + m] = ids
         self.at += m
         self.hi += m
@@ -104,11 +112,13 @@ class MixReader:
         layout: Layout,
         horizon: int,
         chunk: int = CHUNK,
+        names: list[str] | None = None,
     ) -> None:
         self.layout, self.horizon = layout, horizon
+        names = names if names is not None else [str(i) for i in range(len(readers))]
         self._ahead = [
-            _Ahead(r, lay, max(1, min(chunk, _BUFFER // lay.row_bytes())))
-            for r, lay in zip(readers, layouts, strict=True)
+            _Ahead(r, lay, max(1, min(chunk, _BUFFER // lay.row_bytes())), name)
+            for r, lay, name in zip(readers, layouts, names, strict=True)
         ]
         self._planned = self._src = _EMPTY  # mixture ids planned (and their sources)
         self._at = 0  # the next fill's index in them

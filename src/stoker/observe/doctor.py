@@ -17,6 +17,9 @@ The rules, in order:
 * no stall (every rank waits for data less than ``stall`` of its time):
   the GPU, i.e. the training step, is the bottleneck; nothing to change here;
 * one rank stalls far more than the others: that rank straggles (named);
+* a mixture's consumers wait on one source's reads most of the time they wait on
+  sources, at several times the others' cost a sample: that source stalls the job
+  (named);
 * training waits for batches on the device while the loader keeps the device tier
   fed: the host-to-device copy;
 * the node cache misses and evicts: it is smaller than the working set;
@@ -153,6 +156,15 @@ class Evidence:
     source_tokens_per_s: dict[str, float] = field(default_factory=dict)
     source_share: dict[str, float] = field(default_factory=dict)
     source_target: dict[str, float] = field(default_factory=dict)
+    #: seconds the consumers waited on each source's reader in the window, and the
+    #: samples those reads handed (every process together)
+    source_read_seconds: dict[str, float] = field(default_factory=dict)
+    source_read_samples: dict[str, float] = field(default_factory=dict)
+
+    def source_read_share(self) -> dict[str, float]:
+        """Each source's share of the time the consumers waited on the sources' readers."""
+        total = sum(self.source_read_seconds.values())
+        return {k: v / total for k, v in self.source_read_seconds.items()} if total > 0 else {}
 
 
 def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: float) -> Evidence:
@@ -252,6 +264,12 @@ def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: flo
             if n == "stoker_loader_source_target_share":
                 targets.setdefault(dict(labels).get("source", "?"), []).append(v)
     ev.source_target = {k: sum(v) / len(v) for k, v in sorted(targets.items())}
+    ev.source_read_seconds = dict(
+        sorted(delta("stoker_loader_source_read_seconds_total", "source").items())
+    )
+    ev.source_read_samples = dict(
+        sorted(delta("stoker_loader_source_read_samples_total", "source").items())
+    )
     return ev
 
 
@@ -266,16 +284,19 @@ class Thresholds:
     remote_latency: float = 0.05  # seconds per remote request that count as slow storage
     worker_busy: float = 0.85  # workers busier than this are the bottleneck
     worker_straggler: float = 1.5  # a worker this many times busier than the others
+    source_read: float = 0.5  # a source taking this share of the time read on sources
+    source_slower: float = 3.0  # ... and this many times the others' time a sample
 
 
 @dataclass
 class Diagnosis:
-    bottleneck: str  # none | straggler | h2d | cache | storage | cpu | prefetch | no-data
+    bottleneck: str  # none | straggler | source | h2d | cache | storage | cpu | prefetch | no-data
     summary: str
     advice: str
     evidence: list[str]
     rank: str | None = None
     worker: str | None = None  # a straggling worker of ``rank``
+    source: str | None = None  # a mixture's source whose reads stall the job
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -285,6 +306,7 @@ class Diagnosis:
             "evidence": self.evidence,
             "rank": self.rank,
             "worker": self.worker,
+            "source": self.source,
         }
 
 
@@ -328,6 +350,15 @@ def diagnose(
         )
     if ev.gpu_sm_active is not None:
         lines.append(f"GPU SM active: {_pct(ev.gpu_sm_active)} (healthy above 85%)")
+    per_sample = _read_cost(ev)
+    if per_sample:
+        share = ev.source_read_share()
+        lines.append(
+            "a mixture's reads by source (share of the time waited on sources, ms a sample): "
+            + ", ".join(
+                f"{k}: {_pct(share.get(k))}, {1e3 * v:.2f} ms" for k, v in per_sample.items()
+            )
+        )
     if stalls[worst] <= t.stall:
         return Diagnosis(
             "none",
@@ -370,6 +401,21 @@ def diagnose(
                 rank=rank,
                 worker=worker,
             )
+    culprit = _slow_source(ev, per_sample, t)
+    if culprit is not None:
+        read_share = ev.source_read_share()[culprit]
+        typical = statistics.median(v for k, v in per_sample.items() if k != culprit)
+        return Diagnosis(
+            "source",
+            f"source {culprit} of the mixture stalls the job: the consumers waited on its reads "
+            f"{_pct(read_share)} of the time they waited on the sources, {1e3 * per_sample[culprit]:.2f} "
+            f"ms a sample against {1e3 * typical:.2f} ms for the others",
+            f"look at where {culprit} is stored (its storage's bandwidth and latency) and how: "
+            "cache it on the nodes (cache_dir= on its dataset), store it in larger blocks or "
+            "nearer the job; lowering its weight also lowers what it must deliver",
+            lines,
+            source=culprit,
+        )
     if ev.host_stall and max(ev.host_stall.values()) <= t.stall:
         host = ", ".join(f"{r}: {_pct(v)}" for r, v in sorted(ev.host_stall.items()))
         return Diagnosis(
@@ -427,6 +473,28 @@ def diagnose(
         "host-to-device copy",
         lines,
     )
+
+
+def _read_cost(ev: Evidence) -> dict[str, float]:
+    """Seconds a sample each source's reads cost in the window (sources read from)."""
+    return {
+        k: secs / ev.source_read_samples[k]
+        for k, secs in ev.source_read_seconds.items()
+        if ev.source_read_samples.get(k, 0) > 0
+    }
+
+
+def _slow_source(ev: Evidence, per_sample: dict[str, float], t: Thresholds) -> str | None:
+    """The source whose reads take most of the time the consumers wait on sources, at
+    several times the others' cost a sample; None when no one source does."""
+    if len(per_sample) < 2:
+        return None
+    share = ev.source_read_share()
+    slow = max(per_sample, key=lambda k: share.get(k, 0.0))
+    rest = statistics.median(v for k, v in per_sample.items() if k != slow)
+    if share.get(slow, 0.0) >= t.source_read and per_sample[slow] > t.source_slower * rest:
+        return slow
+    return None
 
 
 def render(d: Diagnosis) -> str:

@@ -127,6 +127,21 @@ class Collector:
                     if f["target"] is not None:
                         target.add_metric(lab, f["target"])
             yield from (src_samples, src_tokens, target)
+        if own.get("sources"):
+            read_s = CounterMetricFamily(
+                "stoker_loader_source_read_seconds",
+                "Seconds a mixture's consumers waited on each source's reader for rows",
+                labels=["source"],
+            )
+            read_n = CounterMetricFamily(
+                "stoker_loader_source_read_samples",
+                "Samples a mixture's consumers read from each source",
+                labels=["source"],
+            )
+            for name, (secs, rows) in sorted(own["sources"].items()):
+                read_s.add_metric([name], secs)
+                read_n.add_metric([name], rows)
+            yield from (read_s, read_n)
         yield _histogram(
             HistogramMetricFamily,
             "stoker_loader_wait_seconds",

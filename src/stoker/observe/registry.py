@@ -69,6 +69,8 @@ class Metrics:
         self.threads = Threads()
         self.loaders: dict[int, LoaderStats] = {}  # by rank
         self.devices: dict[int, LoaderStats] = {}  # by rank: the device tier, as training sees it
+        #: a mixture's sources, by name: [seconds its readers took to hand rows, rows]
+        self.sources: dict[str, list[float]] = {}
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -103,6 +105,7 @@ class Metrics:
             return {
                 "storage": {**self.storage, "latency": self.storage_latency.to_dict()},
                 "threads": {"busy": self.threads.busy, "alive": self.threads.alive},
+                "sources": {k: list(v) for k, v in self.sources.items()},
             }
 
     def add(self, delta: dict[str, Any]) -> None:
@@ -113,6 +116,21 @@ class Metrics:
             self.storage_latency.add(delta["storage"]["latency"])
             self.threads.busy += delta["threads"]["busy"]
             self.threads.alive += delta["threads"]["alive"]
+            for k, (secs, rows) in delta.get("sources", {}).items():
+                acc = self.sources.setdefault(k, [0.0, 0.0])
+                acc[0] += secs
+                acc[1] += rows
+
+    # -- a mixture's sources ----------------------------------------------------------
+    def source_read(self, name: str, seconds: float, rows: int) -> None:
+        """Source ``name``'s reader took ``seconds`` to hand ``rows`` rows (the time a
+        mixture's consumer waited on that source)."""
+        with self.lock:
+            acc = self.sources.get(name)
+            if acc is None:
+                acc = self.sources[name] = [0.0, 0.0]
+            acc[0] += seconds
+            acc[1] += rows
 
     # -- storage -------------------------------------------------------------------
     def storage_read(self, nbytes: int, seconds: float) -> None:
@@ -157,7 +175,8 @@ class Threads:
 
 def combine(a: dict[str, Any], b: dict[str, Any], sign: int = 1) -> dict[str, Any]:
     """``a + b`` (or ``a - b`` with ``sign=-1``) of two :meth:`Metrics.snapshot` results
-    (or their differences): storage counts, latency buckets, thread seconds."""
+    (or their differences): storage counts, latency buckets, thread seconds, a mixture's
+    per-source read seconds and rows (absent from a snapshot written before they were)."""
     s, t = a["storage"], b["storage"]
     storage: dict[str, Any] = {k: s[k] + sign * t[k] for k in STORAGE}
     storage["latency"] = {
@@ -168,7 +187,12 @@ def combine(a: dict[str, Any], b: dict[str, Any], sign: int = 1) -> dict[str, An
         "sum": s["latency"]["sum"] + sign * t["latency"]["sum"],
     }
     threads = {k: a["threads"][k] + sign * b["threads"][k] for k in ("busy", "alive")}
-    return {"storage": storage, "threads": threads}
+    sa, sb = a.get("sources", {}), b.get("sources", {})
+    sources = {
+        k: [x + sign * y for x, y in zip(sa.get(k, (0.0, 0.0)), sb.get(k, (0.0, 0.0)), strict=True)]
+        for k in {*sa, *sb}
+    }
+    return {"storage": storage, "threads": threads, "sources": sources}
 
 
 def delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ caches' hit ratio and remote bandwidth, a row per node (the endpoints of one
 host: its ranks, their tokens/s and stall, its cache hits and remote reads) and
 a row per rank (tokens/s, stall, batches ready, consumption at the
 coordinator, ``-`` without one); for a mixture, a row per source (its tokens/s, its
-share of the samples handed out in the window and the share its weight gives). Rows come from :func:`stoker.observe.doctor.evidence`.
+share of the samples handed out in the window, the share its weight gives, and its
+share of the time the consumers waited on the sources' reads). Rows come from :func:`stoker.observe.doctor.evidence`.
 Without endpoints it reads those the machine's stoker processes recorded
 (:func:`stoker.observe.doctor.endpoints_or_discover`).
 """
@@ -81,12 +82,17 @@ def frame(
     names = sorted({*ev.source_tokens_per_s, *ev.source_target})
     if names:  # a mixture: its sources, every rank together
         ws = max(16, *(len(n) for n in names))
-        lines += ["", f"{'source':<{ws}} {'tokens/s':>12} {'share':>7} {'target':>7}"]
+        lines += [
+            "",
+            f"{'source':<{ws}} {'tokens/s':>12} {'share':>7} {'target':>7} {'reads':>7}",
+        ]
+        reads = ev.source_read_share()  # of the time the consumers waited on sources
         for name in names:
             share, target = ev.source_share.get(name), ev.source_target.get(name)
             lines.append(
                 f"{name:<{ws}} {ev.source_tokens_per_s.get(name, 0.0):>12,.0f} "
-                f"{doctor._pct(share):>7} {doctor._pct(target):>7}"
+                f"{doctor._pct(share):>7} {doctor._pct(target):>7} "
+                f"{doctor._pct(reads.get(name)):>7}"
             )
     lines += [
         "",
