@@ -65,10 +65,12 @@ class LocalFS:
         """Full paths of a directory's entries (fsspec's ``ls(detail=False)``)."""
         return [os.path.join(path, name) for name in sorted(os.listdir(path))]
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Any = os.close) -> None:
+        # (os.close bound at definition: at interpreter shutdown the module's globals may
+        # already be gone when the last LocalFS is collected)
         for fd in self._fds.values():
             try:
-                os.close(fd)
+                _close(fd)
             except OSError:
                 pass
 
