@@ -1,9 +1,12 @@
-"""Reading text documents from .txt, .jsonl and .parquet sources (any fsspec URL).
+"""Reading text documents from .txt, .jsonl and .parquet sources (any fsspec URL) and
+MDS directories.
 
 - ``.txt``: one document per file (``txt_split="file"``), per line
   (``"line"``) or per blank-line-separated paragraph (``"blank"``);
 - ``.jsonl``: one JSON object per line, its text in ``text_field``;
-- ``.parquet``: one document per row of ``text_column``.
+- ``.parquet``: one document per row of ``text_column``;
+- a MosaicML Streaming (MDS) directory (local): one document per sample of its
+  ``str`` column ``text_column``.
 
 Compressed variants (``.gz``, ``.zst``, ``.bz2``, ``.xz``) are read through
 fsspec's compression inference. Errors name the file and line or row. Given a
@@ -25,6 +28,7 @@ against the sizes :func:`check_sources` returns.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +55,10 @@ class SourceOptions:
 
 
 def kind_of(path: str) -> str:
+    from stoker.converters import mds
+
+    if mds.is_mds(path):  # a local MosaicML Streaming directory: its text column
+        return "mds"
     name = path.lower()
     comp = infer_compression(name)
     if comp:
@@ -79,7 +87,13 @@ def check_sources(
         raise InputError("no input files given")
     out = []
     for path in paths:
-        if kind_of(path) == ".parquet":
+        kind = kind_of(path)
+        if kind == "mds":
+            from stoker.converters import mds
+
+            out.append((path, sum(os.path.getsize(s.path) for s in mds.read_index(path))))
+            continue
+        if kind == ".parquet":
             require("pyarrow.parquet", "parquet", f"{path}: reading .parquet", InputError)
         fs, fpath = _url_to_fs(path, storage_options)
         try:
@@ -107,6 +121,14 @@ def iter_texts(
     kind = kind_of(path)
     if kind == ".parquet":
         yield from _parquet(path, opts, storage_options, progress, skip)
+        return
+    if kind == "mds":
+        from stoker.converters import mds
+
+        for text, done in mds.open_mds(path, opts.text_column, None).texts(skip):
+            if progress is not None:
+                progress(done)
+            yield text
         return
     fs, fpath = _url_to_fs(path, storage_options)
     comp = infer_compression(path)

@@ -152,7 +152,8 @@ def build_tokens(
     progress: Callable[[BuildStats], None] | None = None,
     on_error: str = "raise",
 ) -> tuple[Manifest, BuildStats]:
-    """Tokenize ``sources`` (``.txt``, ``.jsonl``, ``.parquet``; any fsspec URL) with the
+    """Tokenize ``sources`` (``.txt``, ``.jsonl``, ``.parquet``, any fsspec URL; or a local
+    MosaicML Streaming directory, its ``str`` column ``source_options.text_column``) with the
     tokenizer file and write a token dataset at ``out``; its manifest and the build's
     counts.
 

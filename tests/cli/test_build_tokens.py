@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 import stoker
 from stoker.cli import main
 from stoker.demo import train_tokenizer
+from stoker.ingest import SourceOptions
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -149,3 +150,41 @@ def test_missing_text_field_is_named(tmp_path: Path, tokenizer_file: Path) -> No
     )
     assert result.returncode == 2
     assert "line 1" in result.stderr and "'text'" in result.stderr
+
+
+MDS = Path(__file__).resolve().parents[1] / "fixtures" / "peers" / "mds-ndarray"
+
+
+def test_an_mds_text_column_is_tokenized(tmp_path: Path, tokenizer_file: Path) -> None:
+    """A MosaicML Streaming directory (written by Streaming's own MDSWriter: its text
+    column is "document J" for sample J, over three shards) as a build-tokens source."""
+    out = tmp_path / "ds"
+    args = ["build-tokens", str(MDS), "--out", str(out), "--tokenizer", str(tokenizer_file),
+            "--text-column", "text", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    texts = [f"document {j}" for j in range(120)]
+    src = stoker.TokenSource(str(out))
+    assert src.manifest.num_documents == len(texts)
+    np.testing.assert_array_equal(
+        src.tokens(0, src.manifest.num_tokens), expected_stream(tokenizer_file, texts)
+    )
+
+
+def test_a_bad_mds_text_source_is_named_or_skipped(tmp_path: Path, tokenizer_file: Path) -> None:
+    import shutil
+
+    with pytest.raises(stoker.InputError, match=r"column 'tokens' is encoded as 'ndarray:uint16'"):
+        stoker.build_tokens([str(MDS)], str(tmp_path / "a"), str(tokenizer_file),
+                            source_options=SourceOptions(text_column="tokens"))  # fmt: skip
+    bad = tmp_path / "mds"
+    shutil.copytree(MDS, bad)
+    shard = bad / "shard.00000.mds"
+    raw = shard.read_bytes()
+    at = raw.index(b"document 7")
+    shard.write_bytes(raw[:at] + b"\xff" + raw[at + 1 :])  # sample 7's text: not UTF-8
+    with pytest.raises(stoker.InputError, match=r"shard.00000.mds: sample 7 .* not UTF-8"):
+        stoker.build_tokens([str(bad)], str(tmp_path / "b"), str(tokenizer_file), workers=1)
+    _, stats = stoker.build_tokens([str(bad)], str(tmp_path / "c"), str(tokenizer_file),
+                                   workers=1, on_error="skip")  # fmt: skip
+    assert stats.documents == 119 and stats.skipped == 1
+    assert "sample 7" in stats.skipped_reasons[0]

@@ -42,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build-tokens", help="tokenize text files into a token dataset")
-    b.add_argument("sources", nargs="+", help=".txt, .jsonl or .parquet files (any fsspec URL)")
+    b.add_argument(
+        "sources",
+        nargs="+",
+        help=".txt, .jsonl or .parquet files (any fsspec URL), or MDS directories (local)",
+    )
     b.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
     b.add_argument(
         "--tokenizer",
@@ -51,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--eos-token", help="end-of-document token (default: the tokenizer's)")
     b.add_argument("--text-field", default="text", help="JSON field of .jsonl inputs")
-    b.add_argument("--text-column", default="text", help="column of .parquet inputs")
+    b.add_argument(
+        "--text-column",
+        default="text",
+        help="column of .parquet inputs and of MDS directories (str)",
+    )
     b.add_argument(
         "--txt-split",
         choices=("file", "line", "blank"),

@@ -10,14 +10,16 @@ then every column's bytes in order. The token column is an ``ndarray`` encoding
 header where the encoding does not fix them) or ``bytes`` of a dtype you name; each
 sample is one document (an array of several dimensions is read flat). A shard is
 read (and decompressed) whole: at most its size limit, 64 MB by default. A column
-that holds no token ids (``pkl``, ``str``, ...) is refused, never unpickled.
+that holds no token ids (``pkl``, ``str``, ...) is refused, never unpickled. A text
+(``str``) column is a source of ``stoker build-tokens`` instead (:meth:`MDSSource.texts`,
+through :mod:`stoker.ingest`), which tokenizes it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +86,12 @@ class MDSSource:
             raise InputError(f"{shard.path}: not a zstd-compressed shard ({exc})") from exc
 
     def documents(self) -> Iterator[tuple[np.ndarray, str]]:
+        for shard, buf, at in self.values():
+            col = shard.names.index(self.column)
+            yield _tokens(buf, shard.encodings[col], self.dtype, at), at
+
+    def values(self) -> Iterator[tuple[_Shard, bytes, str]]:
+        """Every sample's value of the column, raw: ``(shard, bytes, where)``."""
         for shard in self.shards:
             data = self._data(shard)
             where = f"{shard.path}"
@@ -107,11 +115,11 @@ class MDSSource:
             for j in range(int(n)):
                 lo, hi = int(offsets[j]), int(offsets[j + 1])
                 at = f"{where}: sample {j} (byte {lo})"
-                yield self._decode(data, lo, hi, col, dynamic, shard, at), at
+                yield shard, self._value(data, lo, hi, col, dynamic, shard, at), at
 
-    def _decode(
+    def _value(
         self, data: bytes, lo: int, hi: int, col: int, dynamic: list[int], shard: _Shard, at: str
-    ) -> np.ndarray:
+    ) -> bytes:
         head = 4 * len(dynamic)
         if hi - lo < head:
             raise InputError(f"{at}: {hi - lo} bytes, shorter than its size header")
@@ -123,7 +131,31 @@ class MDSSource:
         end = start + int(sizes[col] or 0)
         if end > hi:
             raise InputError(f"{at}: its columns need {end - lo} bytes, it has {hi - lo}")
-        return _tokens(data[start:end], shard.encodings[col], self.dtype, at)
+        return data[start:end]
+
+    def texts(self, skip: Callable[[str], None] | None = None) -> Iterator[tuple[str, int]]:
+        """A ``str`` column's documents, with the bytes of the shard files read before
+        each (progress); a value that is not UTF-8 raises, or goes to ``skip``."""
+        for shard in self.shards:
+            enc = shard.encodings[shard.names.index(self.column)]
+            if enc != "str":
+                raise InputError(
+                    f"{shard.path}: column {self.column!r} is encoded as {enc!r}, not text "
+                    "(str); convert a token-id column with stoker convert"
+                )
+        done, last = 0, None
+        for shard, buf, at in self.values():
+            if shard is not last:
+                if last is not None:
+                    done += os.path.getsize(last.path)
+                last = shard
+            try:
+                yield buf.decode("utf-8"), done
+            except UnicodeDecodeError as exc:
+                what = f"{at}: not UTF-8 text (byte {exc.start:,} of the value: {exc.reason})"
+                if skip is None:
+                    raise InputError(what) from exc
+                skip(what)
 
 
 def _tokens(buf: bytes, encoding: str, dtype: str | None, at: str) -> np.ndarray:
@@ -162,6 +194,26 @@ def _tokens(buf: bytes, encoding: str, dtype: str | None, at: str) -> np.ndarray
 
 
 def open_mds(src: str, column: str | None, dtype: str | None) -> MDSSource:
+    """The MDS dataset at ``src``, read through ``column`` (default: a token-id column
+    of :data:`~stoker.converters.arrow.COLUMNS`)."""
+    index = os.path.join(src, "index.json")
+    shards = read_index(src)
+    names = shards[0].names if shards else []
+    if column is None:
+        column = next((c for c in COLUMNS if c in names), None)
+        if column is None:
+            raise InputError(
+                f"{index}: none of the columns {', '.join(COLUMNS)} (columns: "
+                f"{', '.join(names)}); name the token-id column with --column"
+            )
+    for s in shards:
+        if column not in s.names:
+            raise InputError(f"{s.path}: no column {column!r} (columns: {', '.join(s.names)})")
+    return MDSSource(src, shards, column, dtype)
+
+
+def read_index(src: str) -> list[_Shard]:
+    """The shards ``src/index.json`` lists, each checked to be there."""
     index = os.path.join(src, "index.json")
     try:
         with open(index) as f:
@@ -195,15 +247,4 @@ def open_mds(src: str, column: str | None, dtype: str | None) -> MDSSource:
         raise InputError(
             f"{index}: not a readable MDS index ({type(exc).__name__}: {exc})"
         ) from exc
-    names = shards[0].names if shards else []
-    if column is None:
-        column = next((c for c in COLUMNS if c in names), None)
-        if column is None:
-            raise InputError(
-                f"{index}: none of the columns {', '.join(COLUMNS)} (columns: "
-                f"{', '.join(names)}); name the token-id column with --column"
-            )
-    for s in shards:
-        if column not in s.names:
-            raise InputError(f"{s.path}: no column {column!r} (columns: {', '.join(s.names)})")
-    return MDSSource(src, shards, column, dtype)
+    return shards
