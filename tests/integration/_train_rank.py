@@ -1,6 +1,7 @@
 """One rank of a data-parallel job (torch.distributed, gloo) fed by coordinator="rank0".
 
-With --mixture, the rank reads a stoker.Mixture of token datasets instead.
+With --mixture, the rank reads a stoker.Mixture of token datasets instead (cut in
+shards of 5 samples, windows of 3, as tests/integration/test_mixture.py's are).
 Run under the usual launcher environment (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT). Each step all-reduces a tensor, as training does, then records
 the batch's sample ids (one JSON line per step in --out). Rank 0 saves the
@@ -49,7 +50,7 @@ def main() -> int:
     if a.mixture:
         parts = json.loads(a.mixture)
         ds = stoker.Mixture(
-            {n: stoker.TokenDataset(url, a.seq_len, seed=i)
+            {n: stoker.TokenDataset(url, a.seq_len, seed=i, shard_size=5, window_shards=3)
              for i, (n, (url, _)) in enumerate(parts.items())},
             {n: w for n, (_, w) in parts.items()},
             batch_size=a.batch,

@@ -9,9 +9,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -29,25 +27,15 @@ __all__ = ["written"]  # the fixture, shared with test_mixture
 B = BATCH
 
 
-def plain(written: dict[str, Written], **kw: object) -> stoker.Mixture:
-    """The mixture ``_train_rank.py --mixture`` reads: its sources shuffle with
-    TokenDataset's defaults."""
-    src = {n: stoker.TokenDataset(str(written[n].path), SEQ_LEN, seed=i)
-           for i, n in enumerate(WEIGHTS)}  # fmt: skip
-    return stoker.Mixture(src, WEIGHTS, batch_size=B, **kw)  # type: ignore[arg-type]
-
-
 def ids(batches: list[dict]) -> list[int]:
     return [i for b in batches for i in b["sample_id"].tolist()]
 
 
-def static_epoch(
-    written: dict[str, Written], world: int, epoch: int = 0, build: Callable[..., Any] = make
-) -> Counter[int]:
+def static_epoch(written: dict[str, Written], world: int, epoch: int = 0) -> Counter[int]:
     """The mixture sample ids of the static plan's epoch ``epoch`` on ``world`` ranks."""
     out: Counter[int] = Counter()
     for rank in range(world):
-        loader = stoker.TokenLoader(build(written, rank=rank, world_size=world), 0)
+        loader = stoker.TokenLoader(make(written, rank=rank, world_size=world), 0)
         for e in range(epoch + 1):
             got = ids(list(loader))
             if e == epoch:
@@ -61,9 +49,11 @@ def test_a_coordinator_feeds_a_mixture_exactly_once_and_resumes(
 ) -> None:
     want = static_epoch(written, 1)
     spe = make(written).steps_per_epoch
+    leases = stoker.LeaseConfig(lease_size=64)  # (a mixture's: 600, its sources' over 0.2)
     loader = stoker.TokenLoader(
-        make(written), nw, coordinator="rank0", coordinator_state=str(tmp_path / "a")
-    )
+        make(written), nw, coordinator="rank0", coordinator_state=str(tmp_path / "a"),
+        coordinator_config=leases,
+    )  # fmt: skip
     it = iter(loader)
     head = [next(it) for _ in range(9)]
     state = loader.state_dict()
@@ -71,8 +61,9 @@ def test_a_coordinator_feeds_a_mixture_exactly_once_and_resumes(
     it.close()
     loader.close()
     again = stoker.TokenLoader(
-        make(written), nw, coordinator="rank0", coordinator_state=str(tmp_path / "b")
-    )
+        make(written), nw, coordinator="rank0", coordinator_state=str(tmp_path / "b"),
+        coordinator_config=leases,
+    )  # fmt: skip
     again.load_state_dict(json.loads(json.dumps(state)))
     rest = list(again)
     again.close()
@@ -127,11 +118,14 @@ def test_two_ranks_read_the_epoch_of_the_static_plan_and_replay_names_the_sample
     assert replayed == order  # the journal alone names every batch's mixture samples
 
 
+@pytest.mark.parametrize("world", [2, 3])
 def test_a_job_killed_mid_epoch_resumes_and_delivers_its_epoch_once(
-    written: dict[str, Written], tmp_path: Path
+    written: dict[str, Written], tmp_path: Path, world: int
 ) -> None:
     """Two ranks (torch.distributed, rank 0 starting the coordinator) killed with SIGKILL
-    after step 5; resumed from the state rank 0 saved at step 3."""
+    after step 5; resumed from the state rank 0 saved at step 3, on two ranks or on three
+    (elastic: the positions stay those of the plan on two; each rank takes a third of
+    what is left, the remainder, at most two samples an epoch, dropped)."""
     mixture = json.dumps({n: [str(written[n].path), w] for n, w in WEIGHTS.items()})
     common = ["--mixture", mixture, "--seq-len", str(SEQ_LEN), "--batch", str(B),
               "--lease-size", "24"]  # fmt: skip
@@ -147,18 +141,23 @@ def test_a_job_killed_mid_epoch_resumes_and_delivers_its_epoch_once(
     for p in procs:
         p.send_signal(signal.SIGKILL)
         reap(p)
-    procs = launch(2, run2, [*common, "--resume", str(state), "--epochs", "2"])
+    procs = launch(world, run2, [*common, "--resume", str(state), "--epochs", "2"])
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
-    first, second = steps(run1, 2), steps(run2, 2)
+    first, second = steps(run1, 2), steps(run2, world)
     trained = [i for r in first for s in first[r] if s["step"] <= SAVE for i in s["ids"]]
     epoch0 = trained + [i for r in second for s in second[r] if s["epoch"] == 0 for i in s["ids"]]
     epoch1 = [i for r in second for s in second[r] if s["epoch"] == 1 for i in s["ids"]]
-    assert Counter(epoch0) == static_epoch(written, 2, 0, plain)  # nothing lost or twice
-    assert Counter(epoch1) == static_epoch(written, 2, 1, plain)  # the plan runs on
+    for e, got in ((0, Counter(epoch0)), (1, Counter(epoch1))):
+        want = static_epoch(written, 2, e)  # the plan on two ranks, either way
+        assert not got - want  # nothing twice, nothing from elsewhere
+        assert sum((want - got).values()) == (
+            0 if world == 2 else sum(want.values()) - sum(got.values())
+        )
+        assert sum((want - got).values()) < world  # lost: at most the remainder
     for e in (0, 1):  # every rank took the same number of steps in each epoch
-        assert len({sum(s["epoch"] == e for s in second[r]) for r in range(2)}) == 1
+        assert len({sum(s["epoch"] == e for s in second[r]) for r in range(world)}) == 1
 
 
 def test_a_restore_that_changes_the_plan_is_refused_naming_the_change(
@@ -175,9 +174,17 @@ def test_a_restore_that_changes_the_plan_is_refused_naming_the_change(
     other = {"web": 0.2, "code": 0.2, "book": 0.6}
     with pytest.raises(stoker.StateError, match="other weights"):
         stoker.TokenLoader(make(written, other), 0, coordinator="rank0").load_state_dict(state)
-    wider = make(written, rank=0, world_size=2, steps_per_epoch=make(written).steps_per_epoch)
-    with pytest.raises(stoker.StateError, match="1 ranks"):
-        stoker.TokenLoader(wider, 0, coordinator="rank0").load_state_dict(state)
+    # another world: the positions stay those of the plan on one rank (its epoch too)
+    wider = make(written, rank=0, world_size=2)
+    stoker.TokenLoader(wider, 0, coordinator="rank0").load_state_dict(state)
+    assert (wider.num_samples, wider.steps_per_epoch) == (
+        make(written).num_samples,
+        make(written).steps_per_epoch,
+    )
+    # ... unless steps_per_epoch is given and differs: that is another plan
+    other_steps = make(written, rank=0, world_size=2, steps_per_epoch=5)
+    with pytest.raises(stoker.StateError, match="another number of steps an epoch, 1 ranks"):
+        stoker.TokenLoader(other_steps, 0, coordinator="rank0").load_state_dict(state)
 
 
 def test_per_source_figures_follow_the_schedule_under_a_coordinator(
@@ -219,3 +226,19 @@ def test_through_the_device_tier_the_state_is_what_training_took(
     again.close()
     check_tokens(written, tuple(WEIGHTS), head + rest)
     assert Counter(ids(head + rest)) == static_epoch(written, 1)
+
+
+def test_a_mixture_read_before_maps_a_coordinators_positions_from_the_start(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    """A mixture iterated statically first (its own progress moved on), then fed by a
+    coordinator: the coordinator's epoch is the plan's from step 0, as every rank maps it."""
+    mix = make(written)
+    it = iter(stoker.TokenLoader(mix, 0))
+    for _ in range(3):
+        next(it)
+    it.close()
+    loader = stoker.TokenLoader(mix, 0, coordinator="rank0", coordinator_state=str(tmp_path))
+    got = list(loader)
+    loader.close()
+    assert Counter(ids(got)) == static_epoch(written, 1)

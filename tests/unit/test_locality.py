@@ -209,5 +209,9 @@ def test_a_mixtures_lease_gives_each_source_the_lease_it_would_take_alone() -> N
     assert locality.lease_size(mixture(window, window), 4096) == 4096
     none = {**weights, "points": [[0, ["1", "0"]]]}  # a source of weight 0 reads nothing
     assert locality.lease_size(mixture(window, spread, none), 4096) == 4096
+    later = {**weights, "points": [[0, ["1", "0"]], [100, ["3/4", "1/4"]]]}  # read from 100
+    assert locality.lease_size(mixture(window, spread, later), 4096) == alone * 4
+    broken = {**weights, "points": [[0, ["1/0", "1"]]]}
+    assert locality.lease_size(mixture(spread, window, broken), 4096) == 4096
     tiny = {**weights, "points": [[0, ["1/1048576", "1048575/1048576"]]]}
     assert locality.lease_size(mixture(spread, window, tiny), 4096) == locality.MIXTURE_LEASE_MAX

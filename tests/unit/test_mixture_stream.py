@@ -125,3 +125,44 @@ def test_positions_in_any_order_map_as_each_ranks_own_stream(world: int, seed: i
         got = s.samples(epoch * per_rank * world + r * per_rank + m)
         assert got.tolist() == want[r][epoch * per_rank + m].tolist()
         assert len(s._plans) <= s.PLANS
+
+
+def test_one_call_over_more_than_is_kept_maps_every_position() -> None:
+    """A planner asks for a batch and twice its horizon at once: more rows of one rank
+    than the stream keeps. Every one is mapped (what is let go goes after the call)."""
+    world, batch, spe = 2, 3, 200
+    s = stream(world, batch, spe)
+    s.KEEP = 8 * batch  # rows: the least kept is 16 steps, a call covers 150
+    s.AHEAD = 4
+    per_rank = spe * batch
+    pos = per_rank + np.arange(10, 460)  # rank 1's positions of steps 3 to 153
+    got = s.samples(pos)
+    alone = stream(world, batch, spe)
+    want = [alone.rank_ids(k // batch, 1)[k % batch] for k in range(10, 460)]
+    assert got.tolist() == want
+    assert sum(len(a) for a in s._kept.values()) <= 16 * 2  # and then let go
+
+
+def test_a_new_ranks_plan_starts_from_the_furthest_one_behind_it(monkeypatch) -> None:
+    """Under a coordinator a consumer reads many ranks' steps late in the run: a rank it
+    has not read yet starts from another rank's plan, not from the stream's first step."""
+    world, batch, spe = 4, 2, 50
+    s = stream(world, batch, spe)
+    s.AHEAD = 4
+    per_rank = spe * batch
+    at = 7 * per_rank * world  # epoch 7
+    s.samples(at + np.arange(0, 8))  # rank 0 walks to epoch 7
+    walks: list[tuple[int, int]] = []
+    skip_to = MixPlan.skip_to
+
+    def recorded(plan: MixPlan, step: int) -> None:
+        walks.append((plan.step, step))
+        skip_to(plan, step)
+
+    monkeypatch.setattr(MixPlan, "skip_to", recorded)
+    got = s.samples(at + per_rank + np.arange(0, 8))  # rank 1, the same steps
+    assert walks and all(start >= 7 * spe for start, _ in walks)  # no walk from step 0
+    monkeypatch.undo()
+    alone = stream(world, batch, spe)
+    want = [alone.rank_ids(7 * spe + k // batch, 1)[k % batch] for k in range(8)]
+    assert got.tolist() == want

@@ -58,11 +58,12 @@ def lease_size(stream: str, configured: int) -> int:
             return _mixture_lease(s, configured)
         turns = len(_profile(s))
         return max(configured, 4 * (turns + 1) * int(s["shard_size"])) if turns else configured
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
         return configured
 
 
-#: A mixture's fresh leases are no longer than this, whatever its weights.
+#: A mixture's fresh leases are no longer than this, whatever its weights (unless the
+#: configured lease size is longer).
 MIXTURE_LEASE_MAX = 1 << 22
 
 
@@ -74,9 +75,10 @@ def _mixture_lease(s: dict[str, Any], configured: int) -> int:
     size = configured
     for i, name in enumerate(weights["names"]):
         need = lease_size(json.dumps(s["mixture"][name]), 0)
-        least = min(Fraction(ws[i]) for _, ws in weights["points"])
-        if need and least > 0:
-            size = max(size, math.ceil(need / least))
+        # its least weight while it is read at all (a weight of 0 reads nothing)
+        given = [w for w in (Fraction(ws[i]) for _, ws in weights["points"]) if w > 0]
+        if need and given:
+            size = max(size, math.ceil(need / min(given)))
     return min(size, max(configured, MIXTURE_LEASE_MAX))
 
 

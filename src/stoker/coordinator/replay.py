@@ -22,6 +22,7 @@ from stoker import plan
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import Event, LeaseTable
 from stoker.coordinator.ranges import subtract
+from stoker.errors import StokerError
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,8 @@ def _stream(text: str) -> Any:
     s = json.loads(text)
     try:
         return _mixture(s) if "mixture" in s else _dataset(s)
-    except (KeyError, TypeError, ValueError):  # a kind of data replay cannot map
-        return None
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, StokerError):
+        return None  # a kind of data (or a description) replay cannot map
 
 
 def _mixture(s: dict[str, Any]) -> Any:

@@ -156,7 +156,7 @@ class CoordinatedEpoch:
                 ahead=True,  # the reader plans the next lease's blocks before it begins
                 **locality,
             ),
-            samples=ds.stream().samples,
+            samples=ds.lease_stream().samples,
             reader=ds.open_reader,
             batch_size=ds.batch_size,
         )

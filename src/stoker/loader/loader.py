@@ -239,7 +239,15 @@ class TokenLoader:
             self.dataset.load_state_dict(state)
             return
         ds = self.dataset
-        st.check_dynamic(state, ds.stream_identity(), ds.num_samples, ds.stream_change)
+
+        def adopt(theirs: str) -> tuple[str, int]:
+            # what of the checkpoint's stream the dataset can take (a mixture: the world
+            # its plan was made on); checked against the rest of the state after
+            ds.adopt_stream(theirs)
+            return ds.stream_identity(), ds.num_samples
+
+        st.check_dynamic(state, ds.stream_identity(), ds.num_samples, adopt=adopt,
+                         explain=ds.stream_change)  # fmt: skip
         if self._client is not None:
             raise StateError("load_state_dict() must come before the first iteration")
         if state.get("epoch") is None:

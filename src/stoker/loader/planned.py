@@ -145,10 +145,21 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         own cache of epoch orders)."""
         return plan.Stream(self.num_samples, self.shuffle_config)
 
+    def lease_stream(self) -> Any:
+        """Positions -> sample ids of the epochs a coordinator hands out (what
+        :meth:`stream_identity` describes): :meth:`stream`, unless a kind's stream
+        depends on where this process stands."""
+        return self.stream()
+
     def stream_identity(self) -> str:
         """How this dataset maps positions to samples, as JSON; the coordinator checks
         that every rank's consumers agree."""
         return json.dumps(self.identity(), sort_keys=True)
+
+    def adopt_stream(self, theirs: str) -> None:
+        """Before a coordinator-fed restore: take what of the state's stream description
+        ``theirs`` this kind can take (a mixture, the world its plan was made on); nothing
+        by default."""
 
     def stream_change(self, theirs: str) -> str:
         """Why a coordinator's positions mapped as ``theirs`` (a :meth:`stream_identity`)

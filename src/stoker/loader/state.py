@@ -235,17 +235,25 @@ _CHECKPOINT_NAME = re.compile(r"epoch[0-9]+-[0-9a-f]{16}")
 
 
 def check_dynamic(
-    state: Any, stream: str, num_samples: int, explain: Callable[[str], str] | None = None
+    state: Any,
+    stream: str,
+    num_samples: int,
+    *,
+    adopt: Callable[[str], tuple[str, int]] | None = None,
+    explain: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """Raise StateError unless ``state`` is the state of a coordinator-fed loader of this
     data stream (``stream``: the JSON a rank's consumers describe it by): the checkpoint
     name is the coordinator's (``epoch<e>-<sha256 of the snapshot>``), so a snapshot
     edited after it was taken is refused, and its position sets lie inside its epoch.
-    ``explain(theirs)`` says how the state's stream differs, for the error."""
+    Once the snapshot is known to be the coordinator's, ``adopt(its stream)`` may give
+    the ``(stream, num_samples)`` the dataset has after taking what it can of it
+    (:meth:`~stoker.loader.planned.PlannedDataset.adopt_stream`); ``explain(its stream)``
+    is the message when the streams still differ."""
     check_version(state, "coordinator")
     if state.get("epoch") is None:
         return state  # nothing handed out yet: a fresh start
-    epoch = integer_field(state, "epoch", 0, MAX_POSITION // max(num_samples, 1) - 2)
+    epoch = integer_field(state, "epoch", 0, MAX_POSITION // 2)
     batches = integer_field(state, "batches", 0, MAX_POSITION)
     name, snapshot = state.get("checkpoint"), state.get("snapshot")
     if not isinstance(name, str) or not _CHECKPOINT_NAME.fullmatch(name):
@@ -261,6 +269,12 @@ def check_dynamic(
             "after the coordinator took it"
         )
     theirs = snapshot.get("stream", "")
+    if not isinstance(theirs, str):
+        raise StateError(f"state snapshot field 'stream' must be a string, got {theirs!r}")
+    if theirs and adopt is not None:
+        stream, num_samples = adopt(theirs)
+    if epoch > MAX_POSITION // max(num_samples, 1) - 2:
+        raise StateError(f"state field 'epoch' is {epoch}, past the last epoch of positions")
     if theirs and theirs != stream:
         if explain is not None:
             raise StateError(explain(theirs))

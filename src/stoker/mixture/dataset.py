@@ -116,11 +116,13 @@ class Mixture(PlannedDataset):
         self._world = self.placement().world
         self.sizes = [self.sources[n].num_samples for n in self.names]
         G = batch_size * self._world
+        given_steps = steps_per_epoch is not None
         if steps_per_epoch is None:
             steps_per_epoch = max(1, sum(self.sizes) // G)
         if steps_per_epoch < 1:
             raise ConfigError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
         self.steps_per_epoch = steps_per_epoch
+        self._given_steps = given_steps
         self.num_samples = steps_per_epoch * G
         self.shuffle_config = first.shuffle_config  # (unused: the plan is the mixture's)
         self.drop_remainder = True  # an epoch is whole steps: nothing is left over
@@ -164,6 +166,20 @@ class Mixture(PlannedDataset):
             self._sets,
         )
 
+    def lease_stream(self) -> MixStream:
+        """The plan from step 0 under these weights, as its description says: whatever
+        this mixture read before or had loaded (a static state), a coordinator's positions
+        map as every rank's consumers map them."""
+        sizes = EpochSizes(tuple(self.sizes), {})
+        schedule, B, world = self.schedule, self.batch_size, self._world
+        return MixStream(
+            lambda: MixPlan(schedule, B, world, sizes),
+            None,
+            self.steps_per_epoch,
+            [self.sources[n].stream().samples for n in self.names],
+            self.sizes,
+        )
+
     def stream_identity(self) -> str:
         """How positions map to samples, which a coordinator's consumers must agree on: the
         sources, and the plan's weights and world too (a coordinator hands out positions
@@ -177,12 +193,36 @@ class Mixture(PlannedDataset):
             sort_keys=True,
         )
 
+    def adopt_stream(self, theirs: str) -> None:
+        """Map a coordinator's positions as the stream ``theirs`` (a restored checkpoint's)
+        did, where it differs from this mixture's only in the world it was planned on (and
+        the default ``steps_per_epoch`` that follows from it): its positions are the
+        epochs of a plan on that many ranks, whatever this job's world (an elastic restore;
+        every rank then takes ``num_samples // world`` of each epoch, the rest dropped).
+        Anything else that differs is left for the check to name."""
+        try:
+            old = json.loads(theirs)
+            mine = json.loads(self.stream_identity())
+            lanes, spe = old["world"], old["steps_per_epoch"]
+        except (ValueError, TypeError, KeyError):
+            return
+        if lanes == mine["world"] or any(
+            _canon(old.get(k)) != _canon(mine[k]) for k in ("mixture", "weights", "batch_size")
+        ):
+            return
+        ok = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in (lanes, spe))
+        if not ok or (self._given_steps and spe != self.steps_per_epoch):
+            return
+        self._world, self.steps_per_epoch = lanes, spe
+        self.num_samples = spe * self.batch_size * lanes
+        self._anchor = self._walker = None
+
     def stream_change(self, theirs: str) -> str:
         mine = json.loads(self.stream_identity())
         try:
             old = json.loads(theirs)
             what = [k for k in mine if _canon(old.get(k)) != _canon(mine[k])]
-        except (ValueError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
             old, what = {}, []
         said = {
             "mixture": "other sources",
@@ -194,8 +234,9 @@ class Mixture(PlannedDataset):
         why = ", ".join(said.get(k, k) for k in what) or "another mixture"
         return (
             f"{self.name}: the coordinator's checkpoint was planned with {why}; a "
-            "coordinator-fed mixture restores onto the same sources, weights, batch size and "
-            "world (what its coordinator hands out are positions of the plan it began with)"
+            "coordinator-fed mixture restores onto the same sources, weights and batch size, "
+            "and on another world with the same steps an epoch (its positions stay those of "
+            "the plan its coordinator began with)"
         )
 
     def identity(self) -> dict[str, Any]:

@@ -109,7 +109,9 @@ class MixStream:
     :data:`AHEAD` steps at least at a time (:meth:`MixPlan.take`; the steps not asked for
     are skipped, counts only), so a consumer of a coordinator's leases, which reads
     stretches of many ranks' positions, does not plan one rank's steps again for another's;
-    :data:`PLANS` of them at most, the least recently used let go. The items of the steps
+    :data:`PLANS` of them at most, the least recently used let go. A rank's new walk starts
+    from the plan's state at the furthest step another walk planned from (:data:`MARKS`
+    of them kept), not from ``base``: a linear ramp is skipped a step at a time. The items of the steps
     planned are kept, :data:`KEEP` rows of them a rank at most, and a step before those
     is planned again from ``base``."""
 
@@ -119,6 +121,9 @@ class MixStream:
     AHEAD = 512
     #: Ranks' plans kept at most (each holds its quota tables).
     PLANS = 8
+    #: Plan states kept, at the steps walks began planning from (a few integers each):
+    #: where another rank's walk starts instead of the first step.
+    MARKS = 1024
 
     def __init__(
         self,
@@ -141,6 +146,7 @@ class MixStream:
         # (rank, first step) -> items of consecutive steps, shape (steps, B, 4)
         self._kept: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._plans: OrderedDict[int, MixPlan] = OrderedDict()  # rank -> its walk
+        self._marks: OrderedDict[int, dict[str, Any]] = OrderedDict()  # step -> plan state
 
     def _fresh(self) -> MixPlan:
         p = self.make_plan()
@@ -159,15 +165,13 @@ class MixStream:
         for r in np.unique(rank).tolist():
             mine = rank == r
             st, jj = step[mine], j[mine]
-            self._cover(r, int(st.min()), int(st.max()))
             got = np.empty((len(st), 4), dtype=np.int64)
-            for (kr, first), arr in self._kept.items():
-                if kr != r:
-                    continue
+            for first, arr in self._cover(r, int(st.min()), int(st.max())):
                 sel = (st >= first) & (st < first + len(arr))
                 if sel.any():
                     got[sel] = arr[st[sel] - first, jj[sel]]
             items[mine] = got
+        self._trim()  # (after the gather: one call may need more than is kept)
         return self._ids(items)
 
     def rank_ids(self, step: int, rank: int) -> np.ndarray:
@@ -177,10 +181,9 @@ class MixStream:
     def rank_items(self, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s items of global step ``step``: rows of ``(source, source
         epoch, owner rank, local index)``, in batch order."""
-        self._cover(rank, step, step)
-        got = self._find(rank, step)
-        assert got is not None
-        out: np.ndarray = got[1][step - got[0]]
+        ((first, arr),) = self._cover(rank, step, step)
+        self._trim()
+        out: np.ndarray = arr[step - first]
         return out
 
     def _find(self, rank: int, step: int) -> tuple[int, np.ndarray] | None:
@@ -189,35 +192,47 @@ class MixStream:
                 return first, arr
         return None
 
-    def _cover(self, rank: int, lo: int, hi: int) -> None:
-        """Keep rank ``rank``'s items of steps ``lo`` to ``hi`` (both included)."""
+    def _cover(self, rank: int, lo: int, hi: int) -> list[tuple[int, np.ndarray]]:
+        """Rank ``rank``'s items of steps ``lo`` to ``hi`` (both included), as the pieces
+        ``(first step, items)`` kept or planned now that hold them, in order."""
         if lo < self.first_step:
             raise IndexError(f"step {lo} is before this stream's first step {self.first_step}")
+        pieces = []
         step = lo
         while step <= hi:
             got = self._find(rank, step)
-            if got is not None:
-                step = got[0] + len(got[1])
-                continue
-            plan = self._walk(rank, step)
-            most = max(1, self.KEEP // self.B // 2)
-            n = max(1, min(max(hi + 1 - step, self.AHEAD), most))
-            self._keep((rank, step), plan.take(n, [rank])[rank])
-            step += n
+            if got is None:
+                plan = self._walk(rank, step)
+                most = max(1, self.KEEP // self.B // 2)
+                n = max(1, min(max(hi + 1 - step, self.AHEAD), most))
+                got = (step, plan.take(n, [rank])[rank])
+                self._kept[(rank, step)] = got[1]
+            pieces.append(got)
+            step = got[0] + len(got[1])
+        return pieces
 
     def _walk(self, rank: int, step: int) -> MixPlan:
-        """Rank ``rank``'s plan, at step ``step`` (made afresh when it is past it)."""
+        """Rank ``rank``'s plan, at step ``step``: its own, or, when it has none at or
+        before ``step``, one made from the furthest state marked on the way (of any rank's
+        walk: the plan's state is every rank's) that is not past it, else from ``base``."""
         plan = self._plans.pop(rank, None)
-        if plan is None or step < plan.step:  # gone from what is kept: from the start
+        if plan is None or step < plan.step:
             plan = self._fresh()
+            behind = [k for k in self._marks if plan.step < k <= step]
+            if behind:
+                plan.load_state_dict(self._marks[max(behind)])
         plan.skip_to(step)  # (steps not asked for: another worker's)
         self._plans[rank] = plan
         while len(self._plans) > self.PLANS:
             self._plans.popitem(last=False)
+        if step not in self._marks:
+            self._marks[step] = plan.state_dict()
+            while len(self._marks) > self.MARKS:
+                self._marks.popitem(last=False)
         return plan
 
-    def _keep(self, key: tuple[int, int], items: np.ndarray) -> None:
-        self._kept[key] = items
+    def _trim(self) -> None:
+        """Let the oldest pieces go, past :data:`KEEP` rows a rank's plan kept."""
         most = max(16, self.KEEP // self.B) * max(1, len(self._plans))
         while sum(len(a) for a in self._kept.values()) > most and len(self._kept) > 1:
             self._kept.popitem(last=False)
