@@ -459,3 +459,18 @@ def test_the_device_tier_reads_a_mixture_and_its_state_is_what_training_took(
     rest = stoker.TokenLoader(make(written), 0)
     rest.load_state_dict(state)
     assert ids_of(head) + ids_of(list(rest)) == ids_of(ref)
+
+
+def test_a_source_of_small_weight_reads_the_right_samples(written: dict[str, Written]) -> None:
+    """Weights of 0.9 / 0.09 / 0.01 make the reader plan far ahead (a source's horizon over
+    its weight): a planner's one call then covers more rows than the stream keeps. Every
+    batch is still the plan's, and every row its sample."""
+    import itertools
+
+    weights = {"web": 0.9, "code": 0.09, "book": 0.01}
+    ref = make(written, weights, steps_per_epoch=40_000).stream()
+    loader = stoker.TokenLoader(make(written, weights, steps_per_epoch=40_000), 0)
+    batches = list(itertools.islice(loader, 40))
+    for step, b in enumerate(batches):
+        assert b["sample_id"].tolist() == ref.rank_ids(step, 0).tolist(), step
+    check_tokens(written, tuple(weights), batches)
