@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -218,6 +219,8 @@ def test_through_the_device_tier_the_state_is_what_training_took(
     assert state["batches"] == 7
     it.close()
     loader.close()
+    # closed: no thread of the tier is left reading (a coordinator-fed pass is kept)
+    assert not [t for t in threading.enumerate() if t.name == "stoker-prefetch" and t.is_alive()]
     again = stoker.TokenLoader(
         make(written), 0, coordinator="rank0", coordinator_state=str(tmp_path / "b")
     )

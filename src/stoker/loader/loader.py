@@ -329,7 +329,10 @@ class TokenLoader:
         self._drop_suspended()
 
     def close(self) -> None:
-        """Stop a broken-off pass and the coordinator this rank started, if any."""
+        """Stop a broken-off pass (and the device tier's reading thread, which a
+        coordinator-fed pass keeps) and the coordinator this rank started, if any."""
+        if self._device is not None:
+            self._device.close()
         self._drop_suspended()
         if self._embedded is not None:
             self._embedded.close()
