@@ -172,9 +172,9 @@ def test_a_restore_that_changes_the_plan_is_refused_naming_the_change(
     state = loader.state_dict()
     it.close()
     loader.close()
-    other = {"web": 0.2, "code": 0.2, "book": 0.6}
-    with pytest.raises(stoker.StateError, match="other weights"):
-        stoker.TokenLoader(make(written, other), 0, coordinator="rank0").load_state_dict(state)
+    fewer = {"web": 0.5, "code": 0.5}  # a source removed: not the plan's positions
+    with pytest.raises(stoker.StateError, match="other sources"):
+        stoker.TokenLoader(make(written, fewer), 0, coordinator="rank0").load_state_dict(state)
     # another world: the positions stay those of the plan on one rank (its epoch too)
     wider = make(written, rank=0, world_size=2)
     stoker.TokenLoader(wider, 0, coordinator="rank0").load_state_dict(state)
@@ -245,3 +245,42 @@ def test_a_mixture_read_before_maps_a_coordinators_positions_from_the_start(
     got = list(loader)
     loader.close()
     assert Counter(ids(got)) == static_epoch(written, 1)
+
+
+def test_new_weights_at_a_restore_hold_from_the_next_epoch(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    """Restored with other weights: the rest of the epoch is the old plan's (its positions
+    were being handed out), the next epoch the new weights', each source going on from
+    where it stood: the samples a static run restored with the new weights at that
+    epoch's start reads; `stoker replay` names them too."""
+    new = {"web": 0.2, "code": 0.2, "book": 0.6}
+    loader = stoker.TokenLoader(
+        make(written), 0, coordinator="rank0", coordinator_state=str(tmp_path / "a")
+    )
+    it = iter(loader)
+    head = [next(it) for _ in range(9)]
+    state = loader.state_dict()
+    it.close()
+    loader.close()
+    again = stoker.TokenLoader(
+        make(written, new), 0, coordinator="rank0", coordinator_state=str(tmp_path / "b")
+    )
+    again.load_state_dict(state)
+    rest, second = list(again), list(again)
+    again.close()
+    check_tokens(written, tuple(WEIGHTS), head + rest + second)
+    assert Counter(ids(head + rest)) == static_epoch(written, 1)  # the old weights' epoch
+    old = stoker.TokenLoader(make(written), 0)
+    list(old)  # a static run of the old weights to the epoch's end...
+    switched = stoker.TokenLoader(make(written, new), 0)
+    switched.load_state_dict(old.state_dict())  # ... restored with the new weights
+    assert Counter(ids(second)) == Counter(ids(list(switched)))
+    out = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "replay", "--state", str(tmp_path / "b")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    replayed = [json.loads(line) for line in out.splitlines()]
+    assert [r["sample_ids"] for r in replayed if r["epoch"] == 1] == [
+        b["sample_id"].tolist() for b in second
+    ]

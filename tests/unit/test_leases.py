@@ -411,3 +411,26 @@ def test_only_a_ranks_recent_confirm_answers_are_kept_for_retries(
     # the journal replays to the same answers
     back = LeaseTable.replay(t.events, cfg)
     assert back._answers == t._answers and back.log == t.log
+
+
+def test_a_stream_that_continues_the_tables_is_taken_and_journaled() -> None:
+    """A restored mixture whose weights changed describes its stream with the old one as
+    its origin: the table takes it (and a replay does too); any other stream is refused."""
+    import json
+
+    from stoker.coordinator.leases import LeaseTable
+    from stoker.coordinator.model import Config, LeaseError
+
+    old = json.dumps({"mixture": {"a": {}}, "weights": "w1", "world": 2})
+    new = json.dumps({"mixture": {"a": {}}, "weights": "w2", "world": 2,
+                      "origin": {"stream": json.loads(old), "epoch": 3}})  # fmt: skip
+    table = LeaseTable(0, [(0, 100)], 2, Config(lease_size=10))
+    table.register(0, 0, 0.0, stream=old)
+    table.register(1, 0, 0.0, stream=new)
+    assert table.stream == new
+    table.register(0, 1, 0.0, stream=new)  # the job's other consumers, as it now is
+    assert LeaseTable.replay(table.events).stream == new
+    other = json.dumps({"mixture": {"a": {}}, "weights": "w3", "world": 2,
+                        "origin": {"stream": {"weights": "w0"}, "epoch": 3}})  # fmt: skip
+    with pytest.raises(LeaseError, match="maps positions to samples"):
+        table.register(1, 1, 0.0, stream=other)

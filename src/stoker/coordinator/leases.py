@@ -31,6 +31,7 @@ Position ranges are sorted, disjoint lists of tuples
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import Any
 
@@ -169,7 +170,10 @@ class LeaseTable:
         """
         if not 0 <= rank < self.world:
             raise LeaseError("bad_rank", f"rank {rank} is outside the job's world of {self.world}")
-        if stream and self.stream and stream != self.stream:
+        continues = bool(stream and self.stream and stream != self.stream) and _continues(
+            stream, self.stream
+        )
+        if stream and self.stream and stream != self.stream and not continues:
             raise LeaseError(
                 "bad_stream",
                 f"rank {rank} maps positions to samples as {stream}, the job as {self.stream} "
@@ -186,6 +190,9 @@ class LeaseTable:
         args: dict[str, Any] = {"rank": rank, "worker": worker}
         if consumer is not None:
             args["consumer"] = cid
+        if continues:  # (a restore that changed what later epochs map to: journaled)
+            self.stream = args["stream"] = stream
+            self._windows = locality.windows(stream)
         if stream and not self.stream:
             self.stream = args["stream"] = stream
             self._windows = locality.windows(stream)
@@ -703,3 +710,14 @@ def _per_batch(
             lo += take
             row += take
     return out
+
+
+def _continues(new: str, old: str) -> bool:
+    """Whether the stream description ``new`` names ``old`` as what it continues (its
+    ``origin``'s stream): a restored mixture whose weights changed maps the epochs begun
+    under ``old`` as ``old`` did, later ones its own way."""
+    try:
+        origin = json.loads(new).get("origin")
+        return isinstance(origin, dict) and origin.get("stream") == json.loads(old)
+    except (ValueError, AttributeError, RecursionError):
+        return False

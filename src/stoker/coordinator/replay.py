@@ -48,21 +48,12 @@ def _stream(text: str) -> Any:
 
 
 def _mixture(s: dict[str, Any]) -> Any:
-    """A mixture's map: each source's plan, its weights and world, as its consumers had."""
-    from stoker.mixture.plan import MixPlan, schedule_of
-    from stoker.mixture.stream import EpochSizes, MixStream
+    """A mixture's map: each source's plan, its weights and world (and the plan before a
+    change of weights at a restore), as its consumers had."""
+    from stoker.mixture.stream import from_description
 
-    schedule = schedule_of(s["weights"])
-    sources = [_dataset(s["mixture"][n]) for n in schedule.names]
-    sizes = EpochSizes(tuple(x.S for x in sources), {})
-    B, world = int(s["batch_size"]), int(s["world"])
-    return MixStream(
-        lambda: MixPlan(schedule, B, world, sizes),
-        None,
-        int(s["steps_per_epoch"]),
-        [x.samples for x in sources],
-        sizes.sizes,
-    )
+    sources = [_dataset(s["mixture"][n]) for n in s["weights"]["names"]]
+    return from_description(s, [x.samples for x in sources], [x.S for x in sources])
 
 
 def _dataset(s: dict[str, Any]) -> plan.Stream:

@@ -240,11 +240,12 @@ class TokenLoader:
             return
         ds = self.dataset
 
-        def adopt(theirs: str) -> tuple[str, int]:
+        def adopt(theirs: str, epoch: int) -> tuple[str, int]:
             # what of the checkpoint's stream the dataset can take (a mixture: the world
-            # its plan was made on); checked against the rest of the state after
-            ds.adopt_stream(theirs)
-            return ds.stream_identity(), ds.num_samples
+            # its plan was made on, its weights until the epoch ends): a stream it takes
+            # it continues; the rest of the state is checked after
+            taken = ds.adopt_stream(theirs, epoch)
+            return theirs if taken else ds.stream_identity(), ds.num_samples
 
         st.check_dynamic(state, ds.stream_identity(), ds.num_samples, adopt=adopt,
                          explain=ds.stream_change)  # fmt: skip

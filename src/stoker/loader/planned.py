@@ -156,10 +156,12 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         that every rank's consumers agree."""
         return json.dumps(self.identity(), sort_keys=True)
 
-    def adopt_stream(self, theirs: str) -> None:
-        """Before a coordinator-fed restore: take what of the state's stream description
-        ``theirs`` this kind can take (a mixture, the world its plan was made on); nothing
-        by default."""
+    def adopt_stream(self, theirs: str, epoch: int) -> bool:
+        """Before a coordinator-fed restore into ``epoch``: take what of the state's stream
+        description ``theirs`` this kind can take (a mixture: the world its plan was made
+        on, the weights it had until the epoch ends); whether this dataset's positions now
+        continue that stream's (by default only when it is this dataset's)."""
+        return theirs == self.stream_identity()
 
     def stream_change(self, theirs: str) -> str:
         """Why a coordinator's positions mapped as ``theirs`` (a :meth:`stream_identity`)

@@ -239,14 +239,14 @@ def check_dynamic(
     stream: str,
     num_samples: int,
     *,
-    adopt: Callable[[str], tuple[str, int]] | None = None,
+    adopt: Callable[[str, int], tuple[str, int]] | None = None,
     explain: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """Raise StateError unless ``state`` is the state of a coordinator-fed loader of this
     data stream (``stream``: the JSON a rank's consumers describe it by): the checkpoint
     name is the coordinator's (``epoch<e>-<sha256 of the snapshot>``), so a snapshot
     edited after it was taken is refused, and its position sets lie inside its epoch.
-    Once the snapshot is known to be the coordinator's, ``adopt(its stream)`` may give
+    Once the snapshot is known to be the coordinator's, ``adopt(its stream, epoch)`` may give
     the ``(stream, num_samples)`` the dataset has after taking what it can of it
     (:meth:`~stoker.loader.planned.PlannedDataset.adopt_stream`); ``explain(its stream)``
     is the message when the streams still differ."""
@@ -272,7 +272,7 @@ def check_dynamic(
     if not isinstance(theirs, str):
         raise StateError(f"state snapshot field 'stream' must be a string, got {theirs!r}")
     if theirs and adopt is not None:
-        stream, num_samples = adopt(theirs)
+        stream, num_samples = adopt(theirs, epoch)
     if epoch > MAX_POSITION // max(num_samples, 1) - 2:
         raise StateError(f"state field 'epoch' is {epoch}, past the last epoch of positions")
     if theirs and theirs != stream:

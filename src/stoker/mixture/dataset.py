@@ -40,9 +40,11 @@ from stoker.mixture.schedule import WeightSchedule
 from stoker.mixture.stream import (
     EpochSets,
     EpochSizes,
+    JoinedStream,
     MixStream,
     decode,
     epoch_set,
+    from_description,
     share_start,
 )
 
@@ -123,6 +125,9 @@ class Mixture(PlannedDataset):
             raise ConfigError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
         self.steps_per_epoch = steps_per_epoch
         self._given_steps = given_steps
+        #: after a coordinator-fed restore that changed the weights: the stream before
+        #: and the epoch the new weights begin in (see :meth:`adopt_stream`)
+        self._origin: dict[str, Any] | None = None
         self.num_samples = steps_per_epoch * G
         self.shuffle_config = first.shuffle_config  # (unused: the plan is the mixture's)
         self.drop_remainder = True  # an epoch is whole steps: nothing is left over
@@ -166,16 +171,13 @@ class Mixture(PlannedDataset):
             self._sets,
         )
 
-    def lease_stream(self) -> MixStream:
-        """The plan from step 0 under these weights, as its description says: whatever
-        this mixture read before or had loaded (a static state), a coordinator's positions
-        map as every rank's consumers map them."""
-        sizes = EpochSizes(tuple(self.sizes), {})
-        schedule, B, world = self.schedule, self.batch_size, self._world
-        return MixStream(
-            lambda: MixPlan(schedule, B, world, sizes),
-            None,
-            self.steps_per_epoch,
+    def lease_stream(self) -> MixStream | JoinedStream:
+        """The plan from step 0, as its description says (after a restore that changed
+        the weights, the old plan's epochs, then the new weights): whatever this mixture
+        read before or had loaded (a static state), a coordinator's positions map as
+        every rank's consumers map them."""
+        return from_description(
+            json.loads(self.stream_identity()),
             [self.sources[n].stream().samples for n in self.names],
             self.sizes,
         )
@@ -189,33 +191,39 @@ class Mixture(PlannedDataset):
                 **self.identity(),
                 "weights": weights_json(self.schedule),
                 "world": self._world,
+                **({"origin": self._origin} if self._origin else {}),
             },
             sort_keys=True,
         )
 
-    def adopt_stream(self, theirs: str) -> None:
-        """Map a coordinator's positions as the stream ``theirs`` (a restored checkpoint's)
-        did, where it differs from this mixture's only in the world it was planned on (and
-        the default ``steps_per_epoch`` that follows from it): its positions are the
-        epochs of a plan on that many ranks, whatever this job's world (an elastic restore;
-        every rank then takes ``num_samples // world`` of each epoch, the rest dropped).
-        Anything else that differs is left for the check to name."""
+    def adopt_stream(self, theirs: str, epoch: int) -> bool:
+        """Map a coordinator's positions as the stream ``theirs`` (a checkpoint's, restored
+        into ``epoch``) did, where it differs from this mixture's in the world its plan was
+        made on (and the default ``steps_per_epoch`` that follows from it) or in the
+        weights. Its positions stay the epochs of a plan on that many ranks, whatever this
+        job's world (an elastic restore: every rank then takes ``num_samples // world`` of
+        each epoch, the rest dropped). New weights hold from the first step of the next
+        epoch (``epoch``'s positions were being handed out under the old ones), each source
+        going on from where the old plan left it. Anything else that differs (the sources,
+        the batch size, a given ``steps_per_epoch``) is left for the check to name."""
         try:
             old = json.loads(theirs)
             mine = json.loads(self.stream_identity())
             lanes, spe = old["world"], old["steps_per_epoch"]
-        except (ValueError, TypeError, KeyError):
-            return
-        if lanes == mine["world"] or any(
-            _canon(old.get(k)) != _canon(mine[k]) for k in ("mixture", "weights", "batch_size")
-        ):
-            return
+            same = all(_canon(old.get(k)) == _canon(mine[k]) for k in ("mixture", "batch_size"))
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            return False
         ok = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in (lanes, spe))
-        if not ok or (self._given_steps and spe != self.steps_per_epoch):
-            return
+        if not same or not ok or (self._given_steps and spe != self.steps_per_epoch):
+            return False
         self._world, self.steps_per_epoch = lanes, spe
         self.num_samples = spe * self.batch_size * lanes
         self._anchor = self._walker = None
+        if _canon(old.get("weights")) != _canon(mine["weights"]):
+            self._origin = {"stream": old, "epoch": epoch + 1}
+        else:
+            self._origin = old.get("origin")  # an earlier change of weights, carried on
+        return True
 
     def stream_change(self, theirs: str) -> str:
         mine = json.loads(self.stream_identity())
@@ -234,9 +242,9 @@ class Mixture(PlannedDataset):
         why = ", ".join(said.get(k, k) for k in what) or "another mixture"
         return (
             f"{self.name}: the coordinator's checkpoint was planned with {why}; a "
-            "coordinator-fed mixture restores onto the same sources, weights and batch size, "
-            "and on another world with the same steps an epoch (its positions stay those of "
-            "the plan its coordinator began with)"
+            "coordinator-fed mixture restores onto the same sources and batch size, and with "
+            "the same steps an epoch when they are given (its positions stay those of the "
+            "plan its coordinator began with; other weights or another world are taken)"
         )
 
     def identity(self) -> dict[str, Any]:

@@ -154,6 +154,12 @@ class MixStream:
             p.load_state_dict(self.base)
         return p
 
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The plan's state at global step ``step`` (at or after this stream's first)."""
+        plan = self._walk(-1, step)  # (a walk of its own: no rank's)
+        self._plans.pop(-1, None)
+        return plan.state_dict()
+
     def samples(self, positions: np.ndarray) -> np.ndarray:
         p = np.asarray(positions, dtype=np.int64)
         N = self.per_rank * self.world
@@ -249,3 +255,63 @@ class MixStream:
                 )
                 out[sel] = encode(i, self.source_samples[i](pos))
         return out
+
+
+class JoinedStream:
+    """A coordinator-fed mixture whose weights changed at a restore: epochs before
+    ``epoch`` map as ``before`` (the plan the run began with: those positions were being
+    handed out under it), the later ones as ``after`` (the new weights, from the state
+    ``before``'s plan reached at the first step of ``epoch``)."""
+
+    def __init__(self, before: Any, after: MixStream, epoch: int) -> None:
+        self.before, self.after, self.epoch = before, after, epoch
+        self.N = after.per_rank * after.world
+
+    def samples(self, positions: np.ndarray) -> np.ndarray:
+        p = np.asarray(positions, dtype=np.int64)
+        late = p >= self.epoch * self.N
+        if late.all():
+            return self.after.samples(p)
+        if not late.any():
+            return np.asarray(self.before.samples(p))
+        out = np.empty(len(p), dtype=np.int64)
+        out[late] = self.after.samples(p[late])
+        out[~late] = self.before.samples(p[~late])
+        return out
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        if step < self.after.first_step:
+            return dict(self.before.state_at(step))
+        return self.after.state_at(step)
+
+
+def from_description(
+    desc: Mapping[str, Any],
+    source_samples: Sequence[Callable[[np.ndarray], np.ndarray]],
+    sizes: Sequence[int],
+) -> MixStream | JoinedStream:
+    """The position map a coordinator-fed mixture's consumers described (its
+    ``stream_identity``): its weights on its world from step 0, or, after weights changed
+    at a restore (``origin``), the plan before the change up to its epoch and the new
+    weights from there. ``source_samples[i]`` maps source ``i``'s positions (of
+    ``sizes[i]`` samples an epoch) in the order of the description's weights."""
+    from stoker.mixture.plan import MixPlan, schedule_of
+
+    schedule = schedule_of(desc["weights"])
+    epoch_sizes = EpochSizes(tuple(int(x) for x in sizes), {})
+    B, world, spe = int(desc["batch_size"]), int(desc["world"]), int(desc["steps_per_epoch"])
+
+    def make() -> MixPlan:
+        return MixPlan(schedule, B, world, epoch_sizes)
+
+    origin = desc.get("origin")
+    if not origin:
+        return MixStream(make, None, spe, source_samples, sizes)
+    before_desc = origin["stream"]
+    order = [schedule.names.index(n) for n in before_desc["weights"]["names"]]
+    before = from_description(
+        before_desc, [source_samples[i] for i in order], [sizes[i] for i in order]
+    )
+    epoch = int(origin["epoch"])
+    base = before.state_at(epoch * spe)
+    return JoinedStream(before, MixStream(make, base, spe, source_samples, sizes), epoch)
