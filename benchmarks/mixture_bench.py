@@ -1,6 +1,7 @@
 """A mixture of three real-text sources at 0.5 / 0.3 / 0.2 against stoker's single-source
-path, side by side: tokens/s at ``num_workers`` 0 and 2, the realised share per
-batch, and the time from process start to the first batch after resuming at 40%.
+path, side by side: tokens/s at ``num_workers`` 0 and 2 (the mixture also fed by rank 0's
+coordinator), the realised share per batch, and the time from process start to the
+first batch after resuming at 40%.
 
 The sources are the benchmark corpus's documents (``benchmarks/corpus.py``) by where
 their text came from: man pages (English and translated), ``/usr/share/doc`` texts
@@ -100,7 +101,9 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
     import stoker
 
     ds = make(cfg)
-    loader = stoker.TokenLoader(ds, cfg["num_workers"])
+    # rank 0's coordinator (its state in a temporary directory, removed at the end)
+    coordinated = {"coordinator": "rank0"} if cfg["kind"] == "mixture-coord" else {}
+    loader = stoker.TokenLoader(ds, cfg["num_workers"], **coordinated)
     if cfg.get("state"):
         loader.load_state_dict(json.loads(Path(cfg["state"]).read_text()))
     if cfg["mode"] == "first":
@@ -205,7 +208,7 @@ def main() -> int:
     first: dict[str, list[float]] = {"fresh": [], "resumed": []}
     for _ in range(rounds):
         for nw in (0, 2):
-            for kind in ("single", "mixture"):
+            for kind in ("single", "mixture", "mixture-coord"):
                 r = run_child(
                     {
                         "kind": kind,
@@ -228,6 +231,9 @@ def main() -> int:
     med_in = {k: statistics.median(v) for k, v in in_pass.items()}
     ratios_in = {nw: med_in[f"mixture nw{nw}"] / med_in[f"single nw{nw}"] for nw in (0, 2)}
     med_start = {k: statistics.median(v) for k, v in pass_start.items()}
+    ratios_coord = {
+        nw: med_in[f"mixture-coord nw{nw}"] / med_in[f"mixture nw{nw}"] for nw in (0, 2)
+    }
     per_round = {
         nw: [m / s for m, s in zip(speed[f"mixture nw{nw}"], speed[f"single nw{nw}"], strict=True)]
         for nw in (0, 2)
@@ -243,6 +249,7 @@ def main() -> int:
         "ratio_per_round": per_round,
         "median_tok_s_in_pass": med_in,
         "ratio_in_pass": ratios_in,
+        "ratio_coordinated_to_static_in_pass": ratios_coord,
         "median_pass_start_s": med_start,
         "worst_share_deviation_samples": worst,
         "first_batch_seconds": first,
@@ -256,6 +263,7 @@ def main() -> int:
     out.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: res[k] for k in ("median_tok_s", "ratio_mixture_to_single",
                                             "ratio_in_pass", "median_pass_start_s",
+                                            "ratio_coordinated_to_static_in_pass",
                                             "worst_share_deviation_samples",
                                             "first_batch_median")}, indent=1))  # fmt: skip
     if not args.quick:
@@ -309,6 +317,21 @@ def section(res: dict[str, Any]) -> str:
             f"| {med_in[f'mixture nw{nw}'] / 1e6:.0f}M | {r_in[nw]:.2f}x "
             f"| {start[f'single nw{nw}'] * 1e3:.0f} ms | {start[f'mixture nw{nw}'] * 1e3:.0f} ms |"
         )
+    rc = res.get("ratio_coordinated_to_static_in_pass")
+    if rc:
+        lines += [
+            "",
+            'Fed by a coordinator (rank 0\'s, `coordinator="rank0"`; leases of the '
+            "mixture's positions, each batch confirmed before it is handed out), inside "
+            "passes: "
+            + ", ".join(
+                f"num_workers {nw}: {med_in[f'mixture-coord nw{nw}'] / 1e6:.0f}M tok/s, "
+                f"{rc[nw]:.2f}x the static mixture, a pass's start "
+                f"{start[f'mixture-coord nw{nw}'] * 1e3:.0f} ms"
+                for nw in (0, 2)
+            )
+            + ".",
+        ]
     lines += [
         "",
         f"Realised share: at every global step of every mixture measurement each source's "

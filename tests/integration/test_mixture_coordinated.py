@@ -28,6 +28,28 @@ __all__ = ["written"]  # the fixture, shared with test_mixture
 B = BATCH
 
 
+def named(decoded: tuple[np.ndarray, np.ndarray], names: object) -> list[tuple[str, int]]:
+    """``(source name, its sample id)`` of decoded mixture ids, sources indexed in ``names``."""
+    order = list(names)  # type: ignore[call-overload]
+    return [(order[s], i) for s, i in zip(decoded[0].tolist(), decoded[1].tolist(), strict=True)]
+
+
+def checkpointed(
+    written: dict[str, Written], state_dir: Path, k: int = 9
+) -> tuple[list[dict], dict]:
+    """The first ``k`` batches of a coordinator-fed run (rank 0's coordinator, its state
+    under ``state_dir``) and the state after them; the run then ends."""
+    loader = stoker.TokenLoader(
+        make(written), 0, coordinator="rank0", coordinator_state=str(state_dir)
+    )
+    it = iter(loader)
+    head = [next(it) for _ in range(k)]
+    state = loader.state_dict()
+    it.close()
+    loader.close()
+    return head, state
+
+
 def ids(batches: list[dict]) -> list[int]:
     return [i for b in batches for i in b["sample_id"].tolist()]
 
@@ -164,14 +186,7 @@ def test_a_job_killed_mid_epoch_resumes_and_delivers_its_epoch_once(
 def test_a_restore_that_changes_the_plan_is_refused_naming_the_change(
     written: dict[str, Written], tmp_path: Path
 ) -> None:
-    loader = stoker.TokenLoader(
-        make(written), 0, coordinator="rank0", coordinator_state=str(tmp_path / "s")
-    )
-    it = iter(loader)
-    next(it)
-    state = loader.state_dict()
-    it.close()
-    loader.close()
+    _, state = checkpointed(written, tmp_path / "s", 1)
     fewer = {"web": 0.5, "code": 0.5}  # a source removed: not the plan's positions
     with pytest.raises(stoker.StateError, match="other sources"):
         stoker.TokenLoader(make(written, fewer), 0, coordinator="rank0").load_state_dict(state)
@@ -255,14 +270,7 @@ def test_new_weights_at_a_restore_hold_from_the_next_epoch(
     where it stood: the samples a static run restored with the new weights at that
     epoch's start reads; `stoker replay` names them too."""
     new = {"web": 0.2, "code": 0.2, "book": 0.6}
-    loader = stoker.TokenLoader(
-        make(written), 0, coordinator="rank0", coordinator_state=str(tmp_path / "a")
-    )
-    it = iter(loader)
-    head = [next(it) for _ in range(9)]
-    state = loader.state_dict()
-    it.close()
-    loader.close()
+    head, state = checkpointed(written, tmp_path / "a")
     again = stoker.TokenLoader(
         make(written, new), 0, coordinator="rank0", coordinator_state=str(tmp_path / "b")
     )
@@ -284,3 +292,38 @@ def test_new_weights_at_a_restore_hold_from_the_next_epoch(
     assert [r["sample_ids"] for r in replayed if r["epoch"] == 1] == [
         b["sample_id"].tolist() for b in second
     ]
+
+
+def test_a_restore_names_sources_in_any_order_and_a_refused_one_changes_nothing(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    """The same weights written in another order are the same plan; new weights in
+    another order still read each source's own rows. A state refused (its batch count
+    edited) leaves the mixture as it was."""
+    head, state = checkpointed(written, tmp_path / "a")
+    reordered = {n: WEIGHTS[n] for n in reversed(WEIGHTS)}
+    again = stoker.TokenLoader(make(written, reordered), 0, coordinator="rank0",
+                               coordinator_state=str(tmp_path / "b"))  # fmt: skip
+    again.load_state_dict(state)
+    rest = list(again)
+    again.close()
+    names = tuple(reordered)  # the rows' `source` is an index into the new order
+    check_tokens(written, names, rest)
+    want = Counter(named(decode(np.array(list(static_epoch(written, 1).elements()))), WEIGHTS))
+    got = Counter(named(decode(np.array(ids(head))), WEIGHTS))
+    got.update(named(decode(np.array(ids(rest))), names))
+    assert got == want  # the run's epoch, source by source
+    new = {"book": 0.6, "code": 0.2, "web": 0.2}
+    switched = stoker.TokenLoader(make(written, new), 0, coordinator="rank0",
+                                  coordinator_state=str(tmp_path / "c"))  # fmt: skip
+    switched.load_state_dict(state)
+    tail = [*switched, *switched]  # the rest of the epoch, and the next (new weights)
+    switched.close()
+    check_tokens(written, tuple(new), tail)
+    edited = json.loads(json.dumps(state))
+    edited["batches"] += 1  # (outside the snapshot's hash: refused by the checks after it)
+    wider = make(written, rank=0, world_size=2)
+    before = (wider.num_samples, wider.steps_per_epoch, wider.stream_identity())
+    with pytest.raises(stoker.StateError):
+        stoker.TokenLoader(wider, 0, coordinator="rank0").load_state_dict(edited)
+    assert (wider.num_samples, wider.steps_per_epoch, wider.stream_identity()) == before

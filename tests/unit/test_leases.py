@@ -430,7 +430,26 @@ def test_a_stream_that_continues_the_tables_is_taken_and_journaled() -> None:
     assert table.stream == new
     table.register(0, 1, 0.0, stream=new)  # the job's other consumers, as it now is
     assert LeaseTable.replay(table.events).stream == new
-    other = json.dumps({"mixture": {"a": {}}, "weights": "w3", "world": 2,
-                        "origin": {"stream": {"weights": "w0"}, "epoch": 3}})  # fmt: skip
-    with pytest.raises(LeaseError, match="maps positions to samples"):
-        table.register(1, 1, 0.0, stream=other)
+
+    def describe(origin: object, epoch: int = 3, **kw: object) -> str:
+        return json.dumps({"mixture": {"a": {}}, "weights": "w3", "world": 2, **kw,
+                           "origin": {"stream": origin, "epoch": epoch}})  # fmt: skip
+
+    refused = [
+        describe({"weights": "w0"}),  # not the table's stream
+        describe(json.loads(new)),  # a second change: once a table
+    ]
+    for stream in refused:
+        with pytest.raises(LeaseError, match="maps positions to samples"):
+            table.register(1, 1, 0.0, stream=stream)
+    fresh = LeaseTable(2, [(0, 100)], 2, Config(lease_size=10))
+    fresh.register(0, 0, 0.0, stream=old)
+    for stream in (
+        describe(json.loads(old), epoch=2),  # from the table's own epoch: its positions went out
+        describe(json.loads(old), world=3),  # another layout of the positions
+        describe(json.loads(old), mixture={"b": {}}),
+    ):
+        with pytest.raises(LeaseError, match="maps positions to samples"):
+            fresh.register(1, 0, 0.0, stream=stream)
+    fresh.register(1, 0, 0.0, stream=describe(json.loads(old)))  # from epoch 3: taken
+    assert json.loads(fresh.stream)["origin"]["epoch"] == 3

@@ -95,6 +95,7 @@ class LeaseTable:
         self._answers: list[dict[int, list[bool | None]]] = [{} for _ in range(world)]
         self.base: list[tuple[int, int]] = []  # consumed before this table began (restore)
         self.stream = stream  # the consumers' position -> sample mapping, as JSON
+        self._continued = False  # a consumer's stream that continues it was taken
         self._windows = locality.windows(stream)  # (samples per data epoch, per window, shift)
         self.lease_size = locality.lease_size(stream, self.config.lease_size)
         # an ahead request may take the epoch's tail when no one else could (a journal
@@ -170,8 +171,10 @@ class LeaseTable:
         """
         if not 0 <= rank < self.world:
             raise LeaseError("bad_rank", f"rank {rank} is outside the job's world of {self.world}")
-        continues = bool(stream and self.stream and stream != self.stream) and _continues(
-            stream, self.stream
+        continues = (
+            bool(stream and self.stream and stream != self.stream)
+            and not self._continued
+            and _continues(stream, self.stream, self.epoch)
         )
         if stream and self.stream and stream != self.stream and not continues:
             raise LeaseError(
@@ -193,6 +196,7 @@ class LeaseTable:
         if continues:  # (a restore that changed what later epochs map to: journaled)
             self.stream = args["stream"] = stream
             self._windows = locality.windows(stream)
+            self._continued = True  # (once a table: its stream is then the job's again)
         if stream and not self.stream:
             self.stream = args["stream"] = stream
             self._windows = locality.windows(stream)
@@ -712,12 +716,20 @@ def _per_batch(
     return out
 
 
-def _continues(new: str, old: str) -> bool:
-    """Whether the stream description ``new`` names ``old`` as what it continues (its
-    ``origin``'s stream): a restored mixture whose weights changed maps the epochs begun
-    under ``old`` as ``old`` did, later ones its own way."""
+def _continues(new: str, old: str, epoch: int) -> bool:
+    """Whether the stream description ``new`` continues ``old`` in a table of ``epoch``: it
+    names ``old`` as its origin, from a later epoch on (a restored mixture whose weights
+    changed maps the epochs begun under ``old`` as ``old`` did), and lays positions out
+    as ``old`` does (the same sources, batch size, world and steps an epoch)."""
     try:
-        origin = json.loads(new).get("origin")
-        return isinstance(origin, dict) and origin.get("stream") == json.loads(old)
-    except (ValueError, AttributeError, RecursionError):
+        desc, before = json.loads(new), json.loads(old)
+        origin = desc.get("origin")
+        if not isinstance(origin, dict) or origin.get("stream") != before:
+            return False
+        later = origin.get("epoch")
+        if isinstance(later, bool) or not isinstance(later, int) or later <= epoch:
+            return False
+        same = ("mixture", "batch_size", "world", "steps_per_epoch")
+        return all(desc.get(k) == before.get(k) for k in same)
+    except (ValueError, AttributeError, TypeError, RecursionError):
         return False

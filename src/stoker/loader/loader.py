@@ -239,18 +239,24 @@ class TokenLoader:
             self.dataset.load_state_dict(state)
             return
         ds = self.dataset
+        taking: list[Callable[[], None]] = []
 
         def adopt(theirs: str, epoch: int) -> tuple[str, int]:
-            # what of the checkpoint's stream the dataset can take (a mixture: the world
-            # its plan was made on, its weights until the epoch ends): a stream it takes
-            # it continues; the rest of the state is checked after
-            taken = ds.adopt_stream(theirs, epoch)
-            return theirs if taken else ds.stream_identity(), ds.num_samples
+            # a stream the dataset can continue though it differs (a mixture: the world
+            # its plan was made on, its weights until the epoch ends), taken once every
+            # check has passed
+            got = ds.adoption(theirs, epoch) if theirs != ds.stream_identity() else None
+            if got is None:
+                return ds.stream_identity(), ds.num_samples
+            taking.append(got[1])
+            return theirs, got[0]
 
         st.check_dynamic(state, ds.stream_identity(), ds.num_samples, adopt=adopt,
                          explain=ds.stream_change)  # fmt: skip
         if self._client is not None:
             raise StateError("load_state_dict() must come before the first iteration")
+        for take in taking:
+            take()
         if state.get("epoch") is None:
             return
         self._restore = dict(state)

@@ -156,12 +156,13 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         that every rank's consumers agree."""
         return json.dumps(self.identity(), sort_keys=True)
 
-    def adopt_stream(self, theirs: str, epoch: int) -> bool:
-        """Before a coordinator-fed restore into ``epoch``: take what of the state's stream
-        description ``theirs`` this kind can take (a mixture: the world its plan was made
-        on, the weights it had until the epoch ends); whether this dataset's positions now
-        continue that stream's (by default only when it is this dataset's)."""
-        return theirs == self.stream_identity()
+    def adoption(self, theirs: str, epoch: int) -> tuple[int, Callable[[], None]] | None:
+        """Before a coordinator-fed restore into ``epoch``: whether this dataset can map
+        positions so that they continue the state's stream ``theirs`` though it differs
+        (a mixture: the world its plan was made on, the weights it had until the epoch
+        ends): ``(num_samples then, take)``, ``take()`` making it so once the rest of the
+        state is checked; None (the default) when it cannot."""
+        return None
 
     def stream_change(self, theirs: str) -> str:
         """Why a coordinator's positions mapped as ``theirs`` (a :meth:`stream_identity`)

@@ -45,6 +45,7 @@ from stoker.mixture.stream import (
     decode,
     epoch_set,
     from_description,
+    reindexed,
     share_start,
 )
 
@@ -128,6 +129,7 @@ class Mixture(PlannedDataset):
         #: after a coordinator-fed restore that changed the weights: the stream before
         #: and the epoch the new weights begin in (see :meth:`adopt_stream`)
         self._origin: dict[str, Any] | None = None
+        self._weights_json: dict[str, Any] | None = None  # (the same, in the run's order)
         self.num_samples = steps_per_epoch * G
         self.shuffle_config = first.shuffle_config  # (unused: the plan is the mixture's)
         self.drop_remainder = True  # an epoch is whole steps: nothing is left over
@@ -171,16 +173,14 @@ class Mixture(PlannedDataset):
             self._sets,
         )
 
-    def lease_stream(self) -> MixStream | JoinedStream:
+    def lease_stream(self) -> Any:
         """The plan from step 0, as its description says (after a restore that changed
         the weights, the old plan's epochs, then the new weights): whatever this mixture
         read before or had loaded (a static state), a coordinator's positions map as
-        every rank's consumers map them."""
-        return from_description(
-            json.loads(self.stream_identity()),
-            [self.sources[n].stream().samples for n in self.names],
-            self.sizes,
-        )
+        every rank's consumers map them; sample ids encode the source by its index in
+        :attr:`names`."""
+        desc = json.loads(self.stream_identity())
+        return reindexed(self._described(desc), desc["weights"]["names"], self.names)
 
     def stream_identity(self) -> str:
         """How positions map to samples, which a coordinator's consumers must agree on: the
@@ -189,41 +189,63 @@ class Mixture(PlannedDataset):
         return json.dumps(
             {
                 **self.identity(),
-                "weights": weights_json(self.schedule),
+                "weights": self._weights_json or weights_json(self.schedule),
                 "world": self._world,
                 **({"origin": self._origin} if self._origin else {}),
             },
             sort_keys=True,
         )
 
-    def adopt_stream(self, theirs: str, epoch: int) -> bool:
-        """Map a coordinator's positions as the stream ``theirs`` (a checkpoint's, restored
-        into ``epoch``) did, where it differs from this mixture's in the world its plan was
-        made on (and the default ``steps_per_epoch`` that follows from it) or in the
-        weights. Its positions stay the epochs of a plan on that many ranks, whatever this
-        job's world (an elastic restore: every rank then takes ``num_samples // world`` of
-        each epoch, the rest dropped). New weights hold from the first step of the next
-        epoch (``epoch``'s positions were being handed out under the old ones), each source
-        going on from where the old plan left it. Anything else that differs (the sources,
-        the batch size, a given ``steps_per_epoch``) is left for the check to name."""
+    def adoption(self, theirs: str, epoch: int) -> tuple[int, Callable[[], None]] | None:
+        """How this mixture would map a coordinator's positions as the stream ``theirs``
+        (a checkpoint's, restored into ``epoch``) did, where it differs from this
+        mixture's in the world its plan was made on (and the default ``steps_per_epoch``
+        that follows from it) or in the weights: ``(num_samples, take)``, ``take()``
+        making it so (the loader calls it once the rest of the state is checked), or None.
+
+        Its positions stay the epochs of a plan on that many ranks, whatever this job's
+        world (an elastic restore: every rank then takes ``num_samples // world`` of each
+        epoch, the rest dropped). New weights hold from the first step of the next epoch
+        (``epoch``'s positions were being handed out under the old ones), each source going
+        on from where the old plan left it. Anything else that differs (the sources, the
+        batch size, a given ``steps_per_epoch``) is left for the check to name."""
         try:
             old = json.loads(theirs)
             mine = json.loads(self.stream_identity())
             lanes, spe = old["world"], old["steps_per_epoch"]
             same = all(_canon(old.get(k)) == _canon(mine[k]) for k in ("mixture", "batch_size"))
+            reweighted = not _same_weights(old["weights"], mine["weights"])
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-            return False
+            return None
         ok = all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in (lanes, spe))
         if not same or not ok or (self._given_steps and spe != self.steps_per_epoch):
-            return False
-        self._world, self.steps_per_epoch = lanes, spe
-        self.num_samples = spe * self.batch_size * lanes
-        self._anchor = self._walker = None
-        if _canon(old.get("weights")) != _canon(mine["weights"]):
-            self._origin = {"stream": old, "epoch": epoch + 1}
+            return None
+        if reweighted:
+            # the plan's state where the new weights begin, worked out once (a walk of the
+            # old plan), carried in the description: every consumer and replay starts there
+            before = self._described(old).state_at((epoch + 1) * spe)
+            origin = {"stream": old, "epoch": epoch + 1, "state": before}
         else:
-            self._origin = old.get("origin")  # an earlier change of weights, carried on
-        return True
+            origin = old.get("origin")  # an earlier change of weights, carried on
+
+        def take() -> None:
+            self._world, self.steps_per_epoch = lanes, spe
+            self.num_samples = spe * self.batch_size * lanes
+            self._anchor = self._walker = None
+            self._origin = origin
+            if not reweighted:  # (the names' order of the run's plan, in its description)
+                self._weights_json = old["weights"]
+
+        return spe * self.batch_size * lanes, take
+
+    def _described(self, desc: dict[str, Any]) -> MixStream | JoinedStream:
+        """The position map of a stream description of this mixture's sources."""
+        names = desc["weights"]["names"]
+        return from_description(
+            desc,
+            [self.sources[n].stream().samples for n in names],
+            [self.sources[n].num_samples for n in names],
+        )
 
     def stream_change(self, theirs: str) -> str:
         mine = json.loads(self.stream_identity())
@@ -560,3 +582,16 @@ def _regroup(
 
 def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=int)
+
+
+def _same_weights(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two schedules' JSON (:func:`~stoker.mixture.plan.weights_json`) give every
+    source the same weights at the same steps, whatever order they name the sources in."""
+    if a.get("linear") != b.get("linear") or sorted(a["names"]) != sorted(b["names"]):
+        return False
+    if [p[0] for p in a["points"]] != [p[0] for p in b["points"]]:
+        return False
+    return all(
+        dict(zip(a["names"], pa[1], strict=True)) == dict(zip(b["names"], pb[1], strict=True))
+        for pa, pb in zip(a["points"], b["points"], strict=True)
+    )

@@ -308,10 +308,37 @@ def from_description(
     if not origin:
         return MixStream(make, None, spe, source_samples, sizes)
     before_desc = origin["stream"]
-    order = [schedule.names.index(n) for n in before_desc["weights"]["names"]]
-    before = from_description(
-        before_desc, [source_samples[i] for i in order], [sizes[i] for i in order]
+    before_names = before_desc["weights"]["names"]
+    order = [schedule.names.index(n) for n in before_names]
+    before = reindexed(
+        from_description(
+            before_desc, [source_samples[i] for i in order], [sizes[i] for i in order]
+        ),
+        before_names,
+        schedule.names,
     )
     epoch = int(origin["epoch"])
-    base = before.state_at(epoch * spe)
+    base = origin.get("state") or before.state_at(epoch * spe)  # (carried: no walk)
     return JoinedStream(before, MixStream(make, base, spe, source_samples, sizes), epoch)
+
+
+class _Reindexed:
+    """A position map whose sample ids encode the source by its index in other names."""
+
+    def __init__(self, inner: Any, perm: np.ndarray) -> None:
+        self.inner, self.perm = inner, perm
+
+    def samples(self, positions: np.ndarray) -> np.ndarray:
+        src, ids = decode(self.inner.samples(positions))
+        return encode(self.perm[src], ids)
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        return dict(self.inner.state_at(step))
+
+
+def reindexed(stream: Any, names: Sequence[str], to: Sequence[str]) -> Any:
+    """``stream`` (whose ids encode sources by their index in ``names``) with its ids
+    encoding them by their index in ``to`` (the same names)."""
+    if list(names) == list(to):
+        return stream
+    return _Reindexed(stream, np.array([list(to).index(n) for n in names], dtype=np.int64))
