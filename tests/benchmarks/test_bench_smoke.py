@@ -141,7 +141,9 @@ def test_mixture_bench_quick_keeps_the_shares() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = json.loads((ROOT / "benchmarks/.work/mixture/results-quick.json").read_text())
     assert out["worst_share_deviation_samples"] < 1
-    assert set(out["median_tok_s"]) == {"single nw0", "mixture nw0", "single nw2", "mixture nw2"}
+    kinds = ("single", "mixture", "mixture-coord")  # (the last fed by rank 0's coordinator)
+    assert set(out["median_tok_s"]) == {f"{k} nw{nw}" for k in kinds for nw in (0, 2)}
+    assert set(out["ratio_coordinated_to_static_in_pass"]) == {"0", "2"}
     assert all(v > 0 for v in out["median_tok_s"].values())
     # the resumed process was given the state: it read from 40% on, not from the start
     assert out["state_batches"] > 0
