@@ -345,7 +345,8 @@ def section(res: dict[str, Any]) -> str:
         "",
         "Where the time goes. The costs are per batch and per pass, not per token: one "
         "source reads this corpus (in the page cache) at 150-200M tokens/s, a batch of "
-        "8 x 2049 tokens every 80-100 us. Inside a pass the mixture now keeps up: each "
+        "8 x 2049 tokens every 80-100 us. Inside a pass the mixture comes close (0.8-0.96x "
+        "in the runs of 2026-12-03 on this machine, 0.79-1.02x on a 2-core EPYC before): each "
         "source's samples are read up to 64 at a time into a buffer of its rows "
         "(`stoker/mixture/reader.py`), so its reader's fixed cost (a lock, a check of "
         "the plan, bookkeeping: about 6 us) is paid once a chunk, not once per source per "
@@ -358,10 +359,14 @@ def section(res: dict[str, Any]) -> str:
         "slower path) where one source starts one. Profiled at num_workers 0 (cProfile "
         "of a pass's first batch): mapping the pass's positions 25-45 ms against 13 ms, "
         "the readers' plans 14-21 ms against 6 ms, waiting for the first blocks 27-47 ms "
-        "against 20 ms; one pool of "
+        "against 20 ms (on 2026-12-03, of 90-107 ms: 47 ms waiting for the first blocks, "
+        "30 ms the readers' plans, 27 ms mapping); one pool of "
         "decode threads shared by a process's readers and passes (tried) made no "
-        "measurable difference. A cheaper map of small sources' shuffles is the next "
-        "step; on a corpus whose epoch lasts hours a pass's start does not show.",
+        "measurable difference, and planning less at a pass's start (tried) made its "
+        "first batch faster but the pass slower (blocks decoded twice). A cheaper map of "
+        "small sources' shuffles is the next step; on a corpus whose epoch lasts hours a "
+        "pass's start does not show. Fed by a coordinator a pass also starts its leases "
+        "and confirms (rank 0's coordinator runs as its own process).",
     ]
     return "\n".join(lines) + "\n"
 
