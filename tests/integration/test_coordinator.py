@@ -169,6 +169,11 @@ def test_refusals_name_the_reason(tmp_path: Path, coordinators: Coordinators) ->
     assert err.value.code == "NOT_FOUND" and err.value.reason == "unknown_consumer"
     with pytest.raises(LeaseRejected, match="outside the job's world"):
         client.register(5, 0)
+    # a mixture's description says how many positions an epoch holds: 3 x 4 x 2 = 24
+    mixture = json.dumps({"mixture": {}, "steps_per_epoch": 3, "batch_size": 4, "world": 2})
+    with pytest.raises(LeaseRejected, match=r"24 positions an epoch.*--num-samples 24") as err:
+        client.register(1, 0, stream=mixture)
+    assert err.value.reason == "bad_stream"
     r = client.lease(cid, epoch, [])
     with pytest.raises(LeaseRejected, match="outside") as err:
         client.heartbeat(cid, epoch, r.lease, r.horizon + 1)  # beyond the read horizon

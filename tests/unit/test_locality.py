@@ -207,6 +207,10 @@ def test_a_mixtures_lease_gives_each_source_the_lease_it_would_take_alone() -> N
     assert locality.lease_size(mixture(window, spread), 4096) == alone * 8  # b's least: 1/8
     assert locality.lease_size(mixture(spread, window), 4096) == alone * 2  # a's least: 1/2
     assert locality.lease_size(mixture(window, window), 4096) == 4096
+    # the positions an epoch holds: 10 steps x 8 x 2 ranks (a dataset's: not said)
+    assert locality.positions_per_epoch(mixture(window, window)) == 160
+    assert locality.positions_per_epoch(json.dumps(window)) is None
+    assert locality.positions_per_epoch("[1]") is None
     none = {**weights, "points": [[0, ["1", "0"]]]}  # a source of weight 0 reads nothing
     assert locality.lease_size(mixture(window, spread, none), 4096) == 4096
     later = {**weights, "points": [[0, ["1", "0"]], [100, ["3/4", "1/4"]]]}  # read from 100

@@ -62,6 +62,20 @@ def lease_size(stream: str, configured: int) -> int:
         return configured
 
 
+def positions_per_epoch(stream: str) -> int | None:
+    """The positions an epoch holds, where a consumers' stream description says so (a
+    mixture's: its steps an epoch x batch size x the world its plan was made on); None
+    when it does not (a dataset's epoch is its samples, which the coordinator is given)."""
+    try:
+        s = json.loads(stream) if stream else None
+        if not isinstance(s, dict) or "mixture" not in s:
+            return None
+        n = int(s["steps_per_epoch"]) * int(s["batch_size"]) * int(s["world"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return n if n > 0 else None
+
+
 #: A mixture's fresh leases are no longer than this, whatever its weights (unless the
 #: configured lease size is longer).
 MIXTURE_LEASE_MAX = 1 << 22

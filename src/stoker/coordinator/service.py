@@ -34,6 +34,7 @@ import grpc
 from stoker import intervals, plan
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
+from stoker.coordinator import locality
 from stoker.coordinator.client import REASON_KEY
 from stoker.coordinator.commit import GroupCommit
 from stoker.coordinator.journal import Journal
@@ -241,6 +242,14 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             t = self.table
             if t.epoch < request.min_epoch:
                 return pb.RegisterReply(consumer=0, epoch=t.epoch, origin=self.origin)
+            per_epoch = locality.positions_per_epoch(request.stream)
+            if per_epoch is not None and per_epoch != self.num_samples:
+                raise LeaseError(
+                    "bad_stream",
+                    f"rank {request.rank}'s data has {per_epoch} positions an epoch, this "
+                    f"coordinator {self.num_samples} (--num-samples): start it with "
+                    f"--num-samples {per_epoch}",
+                )
             cid = t.register(
                 request.rank,
                 request.worker,
