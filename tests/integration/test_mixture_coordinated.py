@@ -275,7 +275,11 @@ def test_new_weights_at_a_restore_hold_from_the_next_epoch(
         make(written, new), 0, coordinator="rank0", coordinator_state=str(tmp_path / "b")
     )
     again.load_state_dict(state)
-    rest, second = list(again), list(again)
+    rest = list(again)
+    # the figures' targets follow the plan: the old weights to the epoch's end, then the new
+    assert again.stats()["sources"]["book"]["target"] == pytest.approx(0.2)
+    second = list(again)
+    assert again.stats()["sources"]["book"]["target"] == pytest.approx(0.6)
     again.close()
     check_tokens(written, tuple(WEIGHTS), head + rest + second)
     assert Counter(ids(head + rest)) == static_epoch(written, 1)  # the old weights' epoch

@@ -447,7 +447,10 @@ class TokenLoader:
         """A mixture's batch: counted per source too (``loader.stats()["sources"]``)."""
         ds, ep, step = self.dataset, self.last_epoch, None
         if self.coordinator is not None and ep is not None and ep.epoch is not None:
-            step = ep.epoch * ds.steps_per_epoch + max(ep.batches - 1, 0)  # type: ignore[attr-defined]
+            # the rank's batch number in the epoch, as the plan's step (a rank takes
+            # `_epoch_batches` batches an epoch: steps_per_epoch on the plan's world)
+            n = self._epoch_batches()[1] if self._pass_batches is None else self._pass_batches
+            step = ds.lease_step(ep.epoch, max(ep.batches - 1, 0), n)  # type: ignore[attr-defined]
         counts, per_row, targets = ds.count_sources(batch, step)  # type: ignore[attr-defined]
         with registry().lock:
             stats.sourced(ds.names, counts, per_row, targets)  # type: ignore[attr-defined]

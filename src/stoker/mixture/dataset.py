@@ -34,7 +34,7 @@ from stoker.loader.batch import SAMPLE_ID, Field, Layout
 from stoker.loader.consumer import Reader
 from stoker.loader.planned import PlannedDataset
 from stoker.mixture.deal import rank_counts
-from stoker.mixture.plan import MixPlan, weights_json
+from stoker.mixture.plan import MixPlan, schedule_of, weights_json
 from stoker.mixture.reader import SOURCE, MixReader
 from stoker.mixture.schedule import WeightSchedule
 from stoker.mixture.stream import (
@@ -136,7 +136,8 @@ class Mixture(PlannedDataset):
         self.name = f"mixture({', '.join(self.names)})"
         self._anchor: dict[str, Any] | None = None  # the plan's state where walks start
         self._sets: dict[int, tuple[int, np.ndarray]] = {}  # sources' epochs not whole
-        self._target_key: int | None = None  # (count_sources' weights, kept)
+        self._target_key: Any = None  # (count_sources' weights, kept)
+        self._before: tuple[Any, WeightSchedule] | None = None  # (the origin's schedule)
         self._target: dict[str, float] = {}
         self._walker: MixPlan | None = None
         self._init_epochs()
@@ -475,15 +476,29 @@ class Mixture(PlannedDataset):
         return n, per_row, self._targets(step)
 
     def _targets(self, step: int) -> dict[str, float]:
-        """The weights of ``step`` by source name (kept while they stay the same)."""
-        s = self.schedule
+        """The weights of ``step`` by source name (kept while they stay the same): the
+        schedule's, or, before the epoch a coordinator-fed restore's new weights begin in,
+        the old plan's."""
+        s, before = self.schedule, False
+        origin = self._origin
+        if origin is not None and step < int(origin["epoch"]) * self.steps_per_epoch:
+            if self._before is None or self._before[0] is not origin:
+                self._before = (origin, schedule_of(origin["stream"]["weights"]))
+            s, before = self._before[1], True
         i = s.segment(step)
-        key = step if s.linear and i + 1 < len(s.points) else -1 - i
+        key = (before, step if s.linear and i + 1 < len(s.points) else -1 - i)
         if self._target_key != key:
             w = s.at(step)
             self._target_key = key
-            self._target = {name: float(x) for name, x in zip(self.names, w, strict=True)}
+            self._target = {name: float(x) for name, x in zip(s.names, w, strict=True)}
         return self._target
+
+    def lease_step(self, epoch: int, batch: int, batches: int) -> int:
+        """The plan's global step a coordinator-fed rank's ``batch``-th batch (from 0) of
+        ``epoch`` stands at, of its ``batches`` an epoch (its share of the epoch's
+        positions: ``steps_per_epoch`` batches, unless the world is not the plan's)."""
+        spe = self.steps_per_epoch
+        return epoch * spe + min(spe - 1, batch * spe // max(1, batches))
 
     @staticmethod
     def source_of(sample_ids: np.ndarray) -> np.ndarray:
