@@ -78,6 +78,12 @@ class Mixture(PlannedDataset):
     again). A state taken inside a step (a DataLoader iterated sample by sample) or
     inside a DataLoader worker restores only onto the same sources, weights and world
     size.
+
+    A coordinator's leases feed it too (``TokenLoader(mixture, coordinator=...)``): they
+    are stretches of its epoch's positions, so every sample of an epoch comes once (the
+    static plan's samples). Its checkpoints restore onto another world (the positions stay
+    those of the plan on the world it began on) and with other weights, which hold from
+    the next epoch (see :meth:`adoption`).
     """
 
     def __init__(
