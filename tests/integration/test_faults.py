@@ -36,6 +36,15 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Written:
     return write_dataset(root / "ds", num_docs=160, seed=7, block_tokens=512, blocks_per_file=4)
 
 
+@pytest.fixture(scope="module")
+def long_epoch(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    """~300k tokens: an epoch of about 2,400 batches of 4, ten times a coordinator-fed
+    rank's confirm window (256 batches), so its workers cannot have read the whole epoch
+    ahead (and be done) by the time a test signals one of them."""
+    root = tmp_path_factory.mktemp("faults-long")
+    return write_dataset(root / "ds", num_docs=2000, seed=7, block_tokens=512, blocks_per_file=4)
+
+
 @pytest.fixture
 def agents():
     a = Agents()
@@ -262,8 +271,11 @@ def test_a_static_loader_names_a_stopped_or_killed_worker_and_leaves_none(
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stop", "kill"])
 def test_a_coordinator_fed_loader_names_a_stopped_or_killed_worker_and_leaves_none(
-    dataset: Written, tmp_path: Path, coordinators: Coordinators, sig: int
+    long_epoch: Written, tmp_path: Path, coordinators: Coordinators, sig: int
 ) -> None:
+    # (a short epoch could be read and confirmed whole before batch 3 is handed out: both
+    # workers done, the signal too late to be seen; a CI run on a loaded machine saw it)
+    dataset = long_epoch
     _, address = coordinators.start(
         "--state", str(tmp_path / "state"), "--world", "1", "--dataset", str(dataset.path),
         "--seq-len", str(SEQ_LEN), "--lease-size", "40",
