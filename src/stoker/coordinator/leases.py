@@ -171,12 +171,9 @@ class LeaseTable:
         """
         if not 0 <= rank < self.world:
             raise LeaseError("bad_rank", f"rank {rank} is outside the job's world of {self.world}")
-        continues = (
-            bool(stream and self.stream and stream != self.stream)
-            and not self._continued
-            and _continues(stream, self.stream, self.epoch)
-        )
-        if stream and self.stream and stream != self.stream and not continues:
+        differs = bool(stream and self.stream and stream != self.stream)
+        continues = differs and not self._continued and _continues(stream, self.stream, self.epoch)
+        if differs and not continues:
             raise LeaseError(
                 "bad_stream",
                 f"rank {rank} maps positions to samples as {stream}, the job as {self.stream} "

@@ -245,9 +245,10 @@ class TokenLoader:
             # a stream the dataset can continue though it differs (a mixture: the world
             # its plan was made on, its weights until the epoch ends), taken once every
             # check has passed
-            got = ds.adoption(theirs, epoch) if theirs != ds.stream_identity() else None
+            mine = ds.stream_identity()
+            got = ds.adoption(theirs, epoch) if theirs != mine else None
             if got is None:
-                return ds.stream_identity(), ds.num_samples
+                return mine, ds.num_samples
             taking.append(got[1])
             return theirs, got[0]
 
@@ -447,9 +448,9 @@ class TokenLoader:
         """A mixture's batch: counted per source too (``loader.stats()["sources"]``)."""
         ds, ep, step = self.dataset, self.last_epoch, None
         if self.coordinator is not None and ep is not None and ep.epoch is not None:
-            # the rank's batch number in the epoch, as the plan's step (a rank takes
-            # `_epoch_batches` batches an epoch: steps_per_epoch on the plan's world)
-            n = self._epoch_batches()[1] if self._pass_batches is None else self._pass_batches
+            # the rank's batch number in the epoch, as the plan's step (its batches of the
+            # epoch, set when the pass began: steps_per_epoch on the plan's world)
+            n = self._pass_batches or 1
             step = ds.lease_step(ep.epoch, max(ep.batches - 1, 0), n)  # type: ignore[attr-defined]
         counts, per_row, targets = ds.count_sources(batch, step)  # type: ignore[attr-defined]
         with registry().lock:

@@ -305,6 +305,7 @@ class WorkerPool:
 
 
 _pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()  # pools with worker processes
+_fork_hook = False  # whether _forget_pools runs in forked children
 
 
 def _forgotten_in_forks(pool: WorkerPool) -> None:
@@ -318,9 +319,6 @@ def _forgotten_in_forks(pool: WorkerPool) -> None:
     if not _fork_hook:
         _fork_hook = True
         os.register_at_fork(after_in_child=_forget_pools)
-
-
-_fork_hook = False
 
 
 def _forget_pools() -> None:

@@ -246,10 +246,10 @@ def check_dynamic(
     data stream (``stream``: the JSON a rank's consumers describe it by): the checkpoint
     name is the coordinator's (``epoch<e>-<sha256 of the snapshot>``), so a snapshot
     edited after it was taken is refused, and its position sets lie inside its epoch.
-    Once the snapshot is known to be the coordinator's, ``adopt(its stream, epoch)`` may give
-    the ``(stream, num_samples)`` the dataset has after taking what it can of it
-    (:meth:`~stoker.loader.planned.PlannedDataset.adopt_stream`); ``explain(its stream)``
-    is the message when the streams still differ."""
+    Once the snapshot is known to be the coordinator's, ``adopt(its stream, epoch)`` gives
+    the ``(stream, num_samples)`` to check the rest against (the snapshot's own stream
+    where the dataset can continue it: :meth:`~stoker.loader.planned.PlannedDataset.adoption`);
+    ``explain(its stream)`` is the message when the streams still differ."""
     check_version(state, "coordinator")
     if state.get("epoch") is None:
         return state  # nothing handed out yet: a fresh start

@@ -133,7 +133,7 @@ class Mixture(PlannedDataset):
         self.steps_per_epoch = steps_per_epoch
         self._given_steps = given_steps
         #: after a coordinator-fed restore that changed the weights: the stream before
-        #: and the epoch the new weights begin in (see :meth:`adopt_stream`)
+        #: and the epoch the new weights begin in (see :meth:`adoption`)
         self._origin: dict[str, Any] | None = None
         self._weights_json: dict[str, Any] | None = None  # (the same, in the run's order)
         self.num_samples = steps_per_epoch * G
@@ -143,7 +143,8 @@ class Mixture(PlannedDataset):
         self._anchor: dict[str, Any] | None = None  # the plan's state where walks start
         self._sets: dict[int, tuple[int, np.ndarray]] = {}  # sources' epochs not whole
         self._target_key: Any = None  # (count_sources' weights, kept)
-        self._before: tuple[Any, WeightSchedule] | None = None  # (the origin's schedule)
+        #: (the step the origin's new weights begin at, the weights before it)
+        self._before: tuple[int, WeightSchedule] | None = None
         self._target: dict[str, float] = {}
         self._walker: MixPlan | None = None
         self._init_epochs()
@@ -186,22 +187,23 @@ class Mixture(PlannedDataset):
         read before or had loaded (a static state), a coordinator's positions map as
         every rank's consumers map them; sample ids encode the source by its index in
         :attr:`names`."""
-        desc = json.loads(self.stream_identity())
+        desc = self._description()
         return reindexed(self._described(desc), desc["weights"]["names"], self.names)
 
     def stream_identity(self) -> str:
         """How positions map to samples, which a coordinator's consumers must agree on: the
         sources, and the plan's weights and world too (a coordinator hands out positions
         of an epoch planned as on this world, under these weights)."""
-        return json.dumps(
-            {
-                **self.identity(),
-                "weights": self._weights_json or weights_json(self.schedule),
-                "world": self._world,
-                **({"origin": self._origin} if self._origin else {}),
-            },
-            sort_keys=True,
-        )
+        return json.dumps(self._description(), sort_keys=True)
+
+    def _description(self) -> dict[str, Any]:
+        """:meth:`stream_identity`, as the object it is the JSON of."""
+        return {
+            **self.identity(),
+            "weights": self._weights_json or weights_json(self.schedule),
+            "world": self._world,
+            **({"origin": self._origin} if self._origin else {}),
+        }
 
     def adoption(self, theirs: str, epoch: int) -> tuple[int, Callable[[], None]] | None:
         """How this mixture would map a coordinator's positions as the stream ``theirs``
@@ -218,7 +220,7 @@ class Mixture(PlannedDataset):
         batch size, a given ``steps_per_epoch``) is left for the check to name."""
         try:
             old = json.loads(theirs)
-            mine = json.loads(self.stream_identity())
+            mine = self._description()
             lanes, spe = old["world"], old["steps_per_epoch"]
             same = all(_canon(old.get(k)) == _canon(mine[k]) for k in ("mixture", "batch_size"))
             reweighted = not _same_weights(old["weights"], mine["weights"])
@@ -240,6 +242,11 @@ class Mixture(PlannedDataset):
             self.num_samples = spe * self.batch_size * lanes
             self._anchor = self._walker = None
             self._origin = origin
+            self._before = (
+                None
+                if origin is None
+                else (int(origin["epoch"]) * spe, schedule_of(origin["stream"]["weights"]))
+            )
             if not reweighted:  # (the names' order of the run's plan, in its description)
                 self._weights_json = old["weights"]
 
@@ -255,7 +262,7 @@ class Mixture(PlannedDataset):
         )
 
     def stream_change(self, theirs: str) -> str:
-        mine = json.loads(self.stream_identity())
+        mine = self._description()
         try:
             old = json.loads(theirs)
             what = [k for k in mine if _canon(old.get(k)) != _canon(mine[k])]
@@ -486,10 +493,7 @@ class Mixture(PlannedDataset):
         schedule's, or, before the epoch a coordinator-fed restore's new weights begin in,
         the old plan's."""
         s, before = self.schedule, False
-        origin = self._origin
-        if origin is not None and step < int(origin["epoch"]) * self.steps_per_epoch:
-            if self._before is None or self._before[0] is not origin:
-                self._before = (origin, schedule_of(origin["stream"]["weights"]))
+        if self._before is not None and step < self._before[0]:
             s, before = self._before[1], True
         i = s.segment(step)
         key = (before, step if s.linear and i + 1 < len(s.points) else -1 - i)

@@ -317,9 +317,10 @@ def from_description(
         before_names,
         schedule.names,
     )
-    epoch = int(origin["epoch"])
-    base = origin.get("state") or before.state_at(epoch * spe)  # (carried: no walk)
-    return JoinedStream(before, MixStream(make, base, spe, source_samples, sizes), epoch)
+    # the old plan's state where the new weights begin: carried (worked out once, at the
+    # restore), so no one walks the old plan to it again
+    after = MixStream(make, origin["state"], spe, source_samples, sizes)
+    return JoinedStream(before, after, int(origin["epoch"]))
 
 
 class _Reindexed:

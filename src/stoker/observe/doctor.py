@@ -401,10 +401,9 @@ def diagnose(
                 rank=rank,
                 worker=worker,
             )
-    culprit = _slow_source(ev, per_sample, t)
-    if culprit is not None:
-        read_share = ev.source_read_share()[culprit]
-        typical = statistics.median(v for k, v in per_sample.items() if k != culprit)
+    stalling = _slow_source(ev, per_sample, t)
+    if stalling is not None:
+        culprit, read_share, typical = stalling
         return Diagnosis(
             "source",
             f"source {culprit} of the mixture stalls the job: the consumers waited on its reads "
@@ -484,16 +483,19 @@ def _read_cost(ev: Evidence) -> dict[str, float]:
     }
 
 
-def _slow_source(ev: Evidence, per_sample: dict[str, float], t: Thresholds) -> str | None:
+def _slow_source(
+    ev: Evidence, per_sample: dict[str, float], t: Thresholds
+) -> tuple[str, float, float] | None:
     """The source whose reads take most of the time the consumers wait on sources, at
-    several times the others' cost a sample; None when no one source does."""
+    several times the others' cost a sample, with that share and the others' median cost;
+    None when no one source does."""
     if len(per_sample) < 2:
         return None
     share = ev.source_read_share()
     slow = max(per_sample, key=lambda k: share.get(k, 0.0))
     rest = statistics.median(v for k, v in per_sample.items() if k != slow)
     if share.get(slow, 0.0) >= t.source_read and per_sample[slow] > t.source_slower * rest:
-        return slow
+        return slow, share[slow], rest
     return None
 
 
