@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import stoker
@@ -474,3 +475,23 @@ def test_a_source_of_small_weight_reads_the_right_samples(written: dict[str, Wri
     for step, b in enumerate(batches):
         assert b["sample_id"].tolist() == ref.rank_ids(step, 0).tolist(), step
     check_tokens(written, tuple(weights), batches)
+
+
+@pytest.mark.parametrize(("budget", "each"), [(1, 1), (2, 1), (6, 2), (9, 3)])
+def test_the_sources_readers_share_the_decode_budget(
+    written: dict[str, Written], budget: int, each: int
+) -> None:
+    """A mixture's readers decode as many blocks at once as one reader would, shared out
+    among its sources (at least one each), and still read every row right."""
+    mix = make(written)
+    reader = mix.open_reader(decoding=budget)
+    try:
+        assert [a.reader._threads for a in reader._ahead] == [each] * 3
+        ids = mix.stream().samples(np.arange(8 * BATCH))
+        reader.plan(ids)
+        out = mix.layout.allocate(len(ids))
+        out["sample_id"][...] = ids
+        reader.fill(ids, out)
+    finally:
+        reader.close()
+    check_tokens(written, tuple(WEIGHTS), [{k: torch.from_numpy(v) for k, v in out.items()}])

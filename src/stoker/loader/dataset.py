@@ -184,7 +184,11 @@ class TokenDataset(PlannedDataset):
     def layout(self) -> Layout:
         return TokenReader.layout_for(self.seq_len, self.doc_starts)
 
-    def open_reader(self) -> TokenReader | SampleReader:
+    def open_reader(self, decoding: int | None = None) -> TokenReader | SampleReader:
+        """This dataset's reader; ``decoding``: how many blocks the spread order's reader
+        decodes at once (default: :func:`~stoker.loader.arena.decoding_threads`; a mixture
+        shares that out among its sources' readers; the window order's arena reader
+        decodes as it always does)."""
         c = self.shuffle_config
         assert c.shard_size is not None
         m = self.source.manifest
@@ -202,6 +206,7 @@ class TokenDataset(PlannedDataset):
                 # waited at nearly every turn's start for its new unit's block (2 cores)
                 ahead=4 * c.shard_size,
                 gap=2 * c.shard_size + 1,  # a unit's samples come at least once a turn
+                decoding=decoding,
             )
         horizon = min(max(PLAN_CHUNK, c.shard_size * c.window_shards), 1 << 16)
         return TokenReader(
