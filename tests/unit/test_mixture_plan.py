@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stoker.errors import ConfigError
-from stoker.mixture.apportion import Quota, quota
+from stoker.mixture.apportion import Quota, quota, quota_rows
 from stoker.mixture.plan import MixPlan
 from stoker.mixture.schedule import WeightSchedule
 
@@ -194,6 +194,43 @@ def test_quota_counts_jump_to_what_one_by_one_gives(weights: list[int], ns: list
     assert q.counts_at(np.asarray(ns)).tolist() == [
         quota([0] * len(weights), weights, n) for n in ns
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.integers(0, 10**6), min_size=3, max_size=3).filter(lambda w: sum(w) > 0),
+        min_size=1,
+        max_size=8,
+    ),
+    n=st.integers(0, 200),
+)
+def test_quota_rows_gives_every_row_what_one_by_one_gives(rows: list[list[int]], n: int) -> None:
+    """A ramp's steps at once: each row's counts are the quota method's from zero."""
+    got = quota_rows(np.asarray(rows), n)
+    assert got.tolist() == [quota([0, 0, 0], w, n) for w in rows]
+
+
+def test_quota_rows_refuses_what_would_overflow() -> None:
+    with pytest.raises(ValueError, match="overflow"):
+        quota_rows(np.asarray([[1 << 58, 1, 1]]), 64)
+    with pytest.raises(ValueError, match="not all 0"):
+        quota_rows(np.asarray([[0, 0], [1, 2]]), 4)
+
+
+def test_a_ramp_too_fine_for_one_array_is_planned_a_step_at_a_time() -> None:
+    """Weights over denominators whose product with the ramp's length would overflow the
+    array arithmetic: skip_to and take go a step at a time, to the same plan."""
+    a = {"x": Fraction(1, 999_983), "y": Fraction(999_982, 999_983)}
+    b = {"x": Fraction(3, 1 << 20), "y": Fraction((1 << 20) - 3, 1 << 20)}
+    s = WeightSchedule.of([(0, a), (1 << 22, b)], linear=True)
+    plans = [MixPlan(s, 4, 2, lambda i, _e: 1_000) for _ in range(3)]
+    assert plans[0]._ramp(10) == 0  # (the step-at-a-time path)
+    plans[0].skip_to(40)
+    plans[1].take(40, [0, 1])
+    for _ in range(40):
+        plans[2].next()
+    assert plans[0].state_dict() == plans[1].state_dict() == plans[2].state_dict()
 
 
 @settings(max_examples=120, deadline=None)

@@ -112,3 +112,40 @@ class Quota:
         m, r = np.divmod(np.asarray(n, dtype=np.int64), self.total)
         out: np.ndarray = m[:, None] * self._w + table[r]
         return out
+
+
+def quota_rows(weights: np.ndarray, samples: int) -> np.ndarray:
+    """:func:`quota` from zero counts, for every row of ``weights`` (integers, shape
+    ``(rows, sources)``, each row summing to more than zero) at once: the counts after
+    ``samples`` samples, shape ``(rows, sources)``. What a linear ramp's steps take (each
+    step's weights are its own, and each step starts from zero): the samples are still
+    given out one at a time, but for all the rows in one array operation each. Every
+    product stays below 2^63 while ``row total x (samples + 1)`` does (else ValueError)."""
+    w = np.asarray(weights, dtype=np.int64)
+    if w.ndim != 2 or not w.shape[1]:
+        raise ValueError(f"weights must be (rows, sources), got shape {w.shape}")
+    if (w < 0).any() or (w.sum(axis=1) <= 0).any():
+        raise ValueError("weights must be >= 0 and not all 0 in a row")
+    total = w.sum(axis=1)
+    if w.size and int(total.max()) >= (1 << 62) // (samples + 1):
+        raise ValueError(f"weights of total {int(total.max())} overflow at {samples} samples")
+    rows, k = w.shape
+    c = np.zeros((rows, k), dtype=np.int64)
+    at = np.arange(rows)
+    positive = w > 0
+    scaled = total[:, None]
+    for n in range(1, samples + 1):
+        # under its upper quota for sample n, and w / (c + 1) largest (ties: lower index)
+        eligible = positive & (c * scaled < w * n)
+        best = np.where(eligible[:, 0], 0, -1)
+        bw, bc = w[:, 0].copy(), c[:, 0] + 1
+        for i in range(1, k):
+            wi, ci = w[:, i], c[:, i] + 1
+            better = eligible[:, i] & ((best < 0) | (wi * bc > bw * ci))
+            best = np.where(better, i, best)
+            bw = np.where(better, wi, bw)
+            bc = np.where(better, ci, bc)
+        if (best < 0).any():  # cannot happen: some source is under its upper quota
+            raise AssertionError("no source under its quota")
+        c[at, best] += 1
+    return c

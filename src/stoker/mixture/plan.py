@@ -30,11 +30,13 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import StateError
-from stoker.mixture.apportion import Quota, quota
+from stoker.mixture.apportion import Quota, quota, quota_rows
 from stoker.mixture.deal import EpochSamples, Item, Segment, deal, rank_batch, segments
 from stoker.mixture.schedule import WeightSchedule
 
 STATE_VERSION = 1
+#: Steps of a linear ramp planned in one array operation at most (each row a step).
+_RAMP_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -141,12 +143,62 @@ class MixPlan:
         gives out samples one by one, so a stretch at once is what its steps would have
         given), a linear ramp a step at a time."""
         while self.step < step:
+            ramp = self._ramp(min(step - self.step, _RAMP_ROWS))
+            if ramp:
+                taken = self._ramp_taken(ramp)
+                _, self.epochs = segments(
+                    self.epochs, taken.sum(axis=0).tolist(), self.epoch_samples
+                )
+                self._ramp_moved(taken)
+                continue
             n = self._stretch(step - self.step)
             new = self._counts_after(n)
-            taken = [a - b for a, b in zip(new, self.counts, strict=True)]
-            _, self.epochs = segments(self.epochs, taken, self.epoch_samples)
+            moved = [a - b for a, b in zip(new, self.counts, strict=True)]
+            _, self.epochs = segments(self.epochs, moved, self.epoch_samples)
             self.counts = new
             self.step += n
+
+    def _ramp(self, most: int) -> int:
+        """How many of the next ``most`` steps lie on a linear ramp, from this one (0: this
+        step is not on one), when the ramp's weights as integers over one denominator
+        cannot overflow the quota method's products (else 0: a step at a time)."""
+        s = self.schedule
+        i = s.segment(self.step)
+        if not s.linear or i + 1 >= len(s.points) or most < 1:
+            return 0
+        if self._ramp_scale(i)[2] >= (1 << 62) // (self.global_batch + 1):
+            return 0
+        return min(most, s.points[i + 1][0] - self.step)
+
+    def _ramp_scale(self, i: int) -> tuple[list[int], list[int], int]:
+        """The weights of ramp ``i``'s two ends over one denominator ``D``, as integers,
+        and the total of every step's weights over ``D x length`` (see :meth:`_ramp_taken`)."""
+        (s0, w0), (s1, w1) = self.schedule.points[i], self.schedule.points[i + 1]
+        d = math.lcm(*(w.denominator for w in (*w0, *w1)))
+        return [int(w * d) for w in w0], [int(w * d) for w in w1], d * (s1 - s0)
+
+    def _ramp_taken(self, m: int) -> np.ndarray:
+        """The samples per source of the next ``m`` steps of a linear ramp, shape ``(m,
+        sources)``. A ramp's step is a stretch of its own (its own weights, given out from
+        zero), so its weights at step ``s`` over the denominator ``D x length`` are the
+        integers ``a x length + (b - a) x (s - s0)``: every step of the ramp at once."""
+        s = self.schedule
+        i = s.segment(self.step)
+        a, b, _ = self._ramp_scale(i)
+        s0, s1 = s.points[i][0], s.points[i + 1][0]
+        lo = np.asarray(a, dtype=np.int64) * (s1 - s0)
+        slope = np.asarray(b, dtype=np.int64) - np.asarray(a, dtype=np.int64)
+        t = np.arange(self.step - s0, self.step - s0 + m, dtype=np.int64)
+        return quota_rows(lo + slope * t[:, None], self.global_batch)
+
+    def _ramp_moved(self, taken: np.ndarray) -> None:
+        """Move past the ramp steps whose samples are ``taken``: the counts, and the
+        stretch its last step began (what planning them one by one leaves)."""
+        before = np.asarray(self.counts, dtype=np.int64) + taken[:-1].sum(axis=0)
+        self.regime_step = self.step + len(taken) - 1
+        self.regime_counts = tuple(int(x) for x in before)
+        self.counts = tuple(int(x) for x in before + taken[-1])
+        self.step += len(taken)
 
     def take(self, steps: int, ranks: Sequence[int]) -> dict[int, np.ndarray]:
         """Plan the next ``steps`` steps and move past them: each of ``ranks``' items
@@ -159,8 +211,9 @@ class MixPlan:
         # (a stretch's arrays: steps x 2 slots a source x world, a million entries at most)
         cap = max(1, (1 << 20) // (2 * len(self.counts) * self.world))
         while done < steps:
-            m = self._stretch(min(steps - done, cap))
-            got = self._take_stretch(m, ranks)
+            ramp = self._ramp(min(steps - done, cap))
+            m = ramp or self._stretch(min(steps - done, cap))
+            got = self._take_stretch(m, ranks, self._ramp_taken(m) if ramp else None)
             if got is None:  # a step can run through more than two epochs of a source
                 for j in range(m):
                     s = self.next()
@@ -185,10 +238,13 @@ class MixPlan:
         end = points[i + 1][0] - self.step if i + 1 < len(points) else most
         return min(most, end)
 
-    def _take_stretch(self, m: int, ranks: Sequence[int]) -> dict[int, np.ndarray] | None:
-        """:meth:`take` of ``m`` steps of one regime, or None (nothing moved) when a
-        source's epoch deals fewer samples than a global batch (a step may then run
-        through more than two of its epochs: :meth:`next` plans those)."""
+    def _take_stretch(
+        self, m: int, ranks: Sequence[int], ramp: np.ndarray | None = None
+    ) -> dict[int, np.ndarray] | None:
+        """:meth:`take` of ``m`` steps of one regime (or of a linear ramp, whose steps'
+        samples per source are ``ramp``), or None (nothing moved) when a source's epoch
+        deals fewer samples than a global batch (a step may then run through more than
+        two of its epochs: :meth:`next` plans those)."""
         G, W, B, k = self.global_batch, self.world, self.batch_size, len(self.counts)
         sizes = []
         for i, (e0, _) in enumerate(self.epochs):
@@ -196,16 +252,19 @@ class MixPlan:
             if S < G or self.epoch_samples(i, e0 + 2) != S or size0 < 1:
                 return None
             sizes.append((size0, S))
-        q = self.quota_of(self.step)
-        n0 = sum(self.counts) - sum(self.regime_counts)
-        if q.tabled and (q.built or m * G >= q.total):  # (a ramp's step: fewer, one by one)
-            rel = q.counts_at(n0 + G * np.arange(m + 1, dtype=np.int64))
-        else:  # a step at a time from where the regime stands
-            rows = [[c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]]
-            for _ in range(m):
-                rows.append(quota(rows[-1], q.weights, G))
-            rel = np.asarray(rows, dtype=np.int64)
-        taken = np.diff(rel, axis=0)  # (m, k): each step's samples per source
+        if ramp is not None:
+            taken = ramp
+        else:
+            q = self.quota_of(self.step)
+            n0 = sum(self.counts) - sum(self.regime_counts)
+            if q.tabled and (q.built or m * G >= q.total):
+                rel = q.counts_at(n0 + G * np.arange(m + 1, dtype=np.int64))
+            else:  # a step at a time from where the regime stands
+                rows = [[c - c0 for c, c0 in zip(self.counts, self.regime_counts, strict=True)]]
+                for _ in range(m):
+                    rows.append(quota(rows[-1], q.weights, G))
+                rel = np.asarray(rows, dtype=np.int64)
+            taken = np.diff(rel, axis=0)  # (m, k): each step's samples per source
         before = np.cumsum(taken, axis=0) - taken
         # each source's samples of a step: a range of its current epoch (slot 2i) and,
         # when that runs out in the step, one of its next (slot 2i + 1)
@@ -269,8 +328,11 @@ class MixPlan:
                     [src[slot], ep[pj, slot], owner, lo[pj, slot, owner] + idx - start], axis=1
                 )
             out[r] = items
-        self.counts = tuple(int(c0 + x) for c0, x in zip(self.regime_counts, rel[-1], strict=True))
         self.epochs = after
+        if ramp is not None:
+            self._ramp_moved(ramp)
+            return out
+        self.counts = tuple(int(c0 + x) for c0, x in zip(self.regime_counts, rel[-1], strict=True))
         self.step += m
         return out
 
