@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from stoker.coordinator.client import CoordinatorClient
     from stoker.coordinator.model import Config as LeaseConfig
     from stoker.device import DevicePrefetcher
+    from stoker.formats.records import RecordSource, RecordWriter, write_records
     from stoker.formats.token_writer import TokenWriter, WriteOptions, write_tokens
     from stoker.formats.tokens import TokenSource
     from stoker.formats.verify import verify
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from stoker.mixture.schedule import WeightSchedule
     from stoker.observe.metered import Metered
     from stoker.plan import ShuffleConfig
+    from stoker.record_manifest import RecordManifest
     from stoker.storage import RetryPolicy, Storage
     from stoker.tokenizing import build_tokens
 
@@ -64,6 +66,9 @@ _LAZY = {
     "Metered": "stoker.observe.metered",
     "Mixture": "stoker.mixture.dataset",
     "NullCache": "stoker.cache",
+    "RecordManifest": "stoker.record_manifest",
+    "RecordSource": "stoker.formats.records",
+    "RecordWriter": "stoker.formats.records",
     "RetryPolicy": "stoker.storage",
     "ShuffleConfig": "stoker.plan",
     "Storage": "stoker.storage",
@@ -78,6 +83,7 @@ _LAZY = {
     "verify": "stoker.formats.verify",
     "cu_seqlens": "stoker.loader.masks",
     "doc_starts": "stoker.loader.masks",
+    "write_records": "stoker.formats.records",
     "write_tokens": "stoker.formats.token_writer",
 }
 
@@ -123,6 +129,9 @@ __all__ = [
     "Metered",
     "Mixture",
     "NullCache",
+    "RecordManifest",
+    "RecordSource",
+    "RecordWriter",
     "RetryPolicy",
     "ShuffleConfig",
     "StateError",
@@ -144,5 +153,6 @@ __all__ = [
     "cu_seqlens",
     "doc_starts",
     "verify",
+    "write_records",
     "write_tokens",
 ]

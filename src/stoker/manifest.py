@@ -21,7 +21,7 @@ import json
 import re
 import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import xxhash
@@ -70,7 +70,7 @@ MAX_BLOCK_TOKENS = 1 << 27
 _LEVELS = (-(1 << 17), 22)
 #: What a path segment in a manifest may hold: what the writer produces, and nothing a
 #: backend would decode or interpret (percent-escapes, query strings, drive letters).
-_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 #: Fields that change how a reader decodes the data, covered by ``decode_xxh64``.
 _INFORMATIONAL = ("compressed_bytes", "created", "writer", "tokenizer", "decode_xxh64")
 
@@ -101,8 +101,52 @@ class TokenizerInfo:
     path: str | None = None  # copy inside the dataset, if any
 
 
+class JSONManifest:
+    """What the manifests of every kind share: JSON out and in (``from_dict`` checks
+    the fields), and the seal a writer puts on (``decode_xxh64``, over the fields that
+    say how the data is read: ``decode_digest``)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls: type[_M], text: str | bytes, where: str = "manifest.json") -> _M:
+        try:
+            raw = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{where}: not valid JSON ({exc})") from exc
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        return cls.from_dict(raw, where)
+
+    @classmethod
+    def from_dict(cls: type[_M], raw: dict[str, Any], where: str = "manifest.json") -> _M:
+        raise NotImplementedError
+
+    def decode_digest(self) -> str:
+        raise NotImplementedError
+
+    def check_seal(self, where: str, covers: str) -> None:
+        """Raise ManifestError when the manifest has a ``decode_xxh64`` that its fields
+        (``covers`` names them) no longer match: it was edited after it was written."""
+        seal = getattr(self, "decode_xxh64", None)
+        if seal is not None and seal != self.decode_digest():
+            raise ManifestError(
+                f"{where}: the fields that say how to decode the data ({covers}) do not match "
+                "the manifest's decode_xxh64: the manifest was edited after it was written; "
+                "rewrite the dataset or restore the manifest"
+            )
+
+    def sealed(self: _M) -> _M:
+        """This manifest with its ``decode_xxh64`` set (what a writer stores)."""
+        return replace(self, decode_xxh64=self.decode_digest())  # type: ignore[type-var]
+
+
+_M = TypeVar("_M", bound=JSONManifest)
+
+
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(JSONManifest):
     """What a reader needs to know about a token dataset."""
 
     dataset_id: str
@@ -152,20 +196,6 @@ class Manifest:
         """Blocks that hold tokens ``[start, stop)``."""
         return range(start // self.block_tokens, -(-stop // self.block_tokens))
 
-    # -- serialisation --------------------------------------------------
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes, where: str = "manifest.json") -> Manifest:
-        try:
-            raw = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{where}: not valid JSON ({exc})") from exc
-        if not isinstance(raw, dict):
-            raise ManifestError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-        return cls.from_dict(raw, where)
-
     def decode_digest(self) -> str:
         """xxh64 (hex) of every field that changes how blocks are found and decoded:
         geometry, dtype, vocabulary, codec settings, files, index and dictionary (not
@@ -180,13 +210,14 @@ class Manifest:
         text = json.dumps(raw, sort_keys=True, separators=(",", ":"))
         return f"{xxhash.xxh64_intdigest(text.encode()):016x}"
 
-    def sealed(self) -> Manifest:
-        """This manifest with its :attr:`decode_xxh64` set (what a writer stores)."""
-        return replace(self, decode_xxh64=self.decode_digest())
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "manifest.json") -> Manifest:
         fmt = raw.get("format")
+        if fmt == "stoker-records":
+            raise ManifestError(
+                f"{where}: a records dataset (format 'stoker-records'), not a token dataset: "
+                "read it with stoker.RecordSource"
+            )
         if fmt != FORMAT:
             raise ManifestError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}")
         version = raw.get("format_version")
@@ -195,14 +226,14 @@ class Manifest:
                 f"{where}: format_version {version!r} is not supported by this stoker "
                 f"(it reads version {FORMAT_VERSION}); upgrade stoker or rewrite the dataset"
             )
-        get = _Fields(raw, where)
+        get = Fields(raw, where)
         dtype = get.text("dtype")
         if dtype not in _DTYPES:
             raise ManifestError(
                 f"{where}: field 'dtype' is {dtype!r}, expected one of {sorted(_DTYPES)}"
             )
         comp = get.obj("compression")
-        cget = _Fields(comp, f"{where}: compression")
+        cget = Fields(comp, f"{where}: compression")
         if cget.text("codec") != "zstd":
             raise ManifestError(
                 f"{where}: compression codec {comp.get('codec')!r} is not supported"
@@ -212,7 +243,7 @@ class Manifest:
         vocab_size = get.integer("vocab_size", minimum=1, maximum=1 << 32)
         num_tokens = get.integer("num_tokens", minimum=1, maximum=1 << 62)
         manifest = cls(
-            dataset_id=get.text("dataset_id", pattern=_SEGMENT),
+            dataset_id=get.text("dataset_id", pattern=SEGMENT),
             dtype=dtype,
             vocab_size=vocab_size,
             eos_id=get.opt_int("eos_id", minimum=0, maximum=vocab_size - 1),
@@ -221,16 +252,16 @@ class Manifest:
             block_tokens=get.integer("block_tokens", minimum=1, maximum=MAX_BLOCK_TOKENS),
             blocks_per_file=get.integer("blocks_per_file", minimum=1, maximum=1 << 32),
             files=tuple(
-                _file_ref(f, f"{where}: files[{i}]") for i, f in enumerate(get.items("files"))
+                file_ref(f, f"{where}: files[{i}]") for i, f in enumerate(get.items("files"))
             ),
-            index=_file_ref(get.obj("index"), f"{where}: index"),
+            index=file_ref(get.obj("index"), f"{where}: index"),
             compression=Compression(
                 codec="zstd",
                 level=cget.integer("level", minimum=_LEVELS[0], maximum=_LEVELS[1]),
                 shuffle=cget.boolean("shuffle", default=False),
                 dictionary=None
                 if dictionary is None
-                else _file_ref(dictionary, f"{where}: compression.dictionary"),
+                else file_ref(dictionary, f"{where}: compression.dictionary"),
                 min_match=cget.opt_int("min_match", minimum=3, maximum=7),
             ),
             tokenizer=None if tok is None else _tokenizer(tok, where),
@@ -240,13 +271,11 @@ class Manifest:
             decode_xxh64=get.opt_hex("decode_xxh64"),
         )
         manifest.validate(where)
-        if manifest.decode_xxh64 is not None and manifest.decode_xxh64 != manifest.decode_digest():
-            raise ManifestError(
-                f"{where}: the fields that say how to decode the data (dataset_id, dtype, "
-                "vocab_size, eos_id, num_tokens, num_documents, block_tokens, blocks_per_file, "
-                "files, index, compression codec, shuffle and dictionary) do not match the manifest's decode_xxh64: the manifest "
-                "was edited after it was written; rewrite the dataset or restore the manifest"
-            )
+        manifest.check_seal(
+            where,
+            "dataset_id, dtype, vocab_size, eos_id, num_tokens, num_documents, block_tokens, "
+            "blocks_per_file, files, index, compression codec, shuffle and dictionary",
+        )
         return manifest
 
     def validate(self, where: str = "manifest.json") -> None:
@@ -282,7 +311,7 @@ def safe_relpath(path: str, where: str) -> str:
     if (
         decoded != path
         or len(path) > 1024
-        or not all(_SEGMENT.fullmatch(seg) for seg in segments)
+        or not all(SEGMENT.fullmatch(seg) for seg in segments)
         or any(seg in (".", "..") for seg in decoded.split("/"))
     ):
         raise ManifestError(
@@ -293,10 +322,10 @@ def safe_relpath(path: str, where: str) -> str:
     return path
 
 
-def _file_ref(raw: Any, where: str) -> FileRef:
+def file_ref(raw: Any, where: str) -> FileRef:
     if not isinstance(raw, dict):
         raise ManifestError(f"{where}: a file entry is {type(raw).__name__}, expected an object")
-    get = _Fields(raw, where)
+    get = Fields(raw, where)
     return FileRef(
         path=safe_relpath(get.text("path"), where),
         bytes=get.integer("bytes", minimum=0, maximum=1 << 62),
@@ -307,7 +336,7 @@ def _file_ref(raw: Any, where: str) -> FileRef:
 def _tokenizer(raw: Any, where: str) -> TokenizerInfo:
     if not isinstance(raw, dict):
         raise ManifestError(f"{where}: field 'tokenizer' must be an object or null")
-    get = _Fields(raw, f"{where}: tokenizer")
+    get = Fields(raw, f"{where}: tokenizer")
     path = get.opt_text("path")
     return TokenizerInfo(
         name=get.text("name"),
@@ -321,7 +350,7 @@ _MISSING = object()
 _HEX64 = re.compile(r"[0-9a-f]{16}")
 
 
-class _Fields:
+class Fields:
     """Typed access to a JSON object, with errors that name the field."""
 
     def __init__(self, raw: dict[str, Any], where: str) -> None:

@@ -96,10 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(func=tokens.cmd_build_tokens)
 
-    i = sub.add_parser("inspect", help="describe a token dataset")
+    i = sub.add_parser("inspect", help="describe a dataset (tokens or records) and show a sample")
     i.add_argument("url")
     i.add_argument("--storage-options", help="JSON object of fsspec options")
-    i.add_argument("--offset", type=int, default=0, help="first token of the sample shown")
+    i.add_argument("--offset", type=int, default=0,
+                   help="first token of the sample shown (records: the row shown)")  # fmt: skip
     i.add_argument("--sample-tokens", type=int, default=64)
     i.set_defaults(func=tokens.cmd_inspect)
 
@@ -132,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser(
         "verify",
-        help="check every block of a token dataset (checksums, then decoded) before a long run",
+        help="check every block of a dataset (checksums, then decoded) before a long run",
     )
     v.add_argument("url")
     v.add_argument("--storage-options", help="JSON object of fsspec options")

@@ -94,8 +94,13 @@ def cmd_build_tokens(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from stoker.formats.kinds import kind_of
     from stoker.formats.tokens import TokenSource
 
+    if kind_of(args.url, _storage_options(args.storage_options)) == "records":
+        from stoker.cli.records import inspect_records
+
+        return inspect_records(args)
     src = TokenSource(args.url, _storage_options(args.storage_options))
     m = src.manifest
     comp = m.compression
@@ -142,14 +147,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from stoker.formats.tokens import TokenSource
+    from stoker.formats.kinds import open_source
     from stoker.formats.verify import verify
 
     try:
         from tqdm import tqdm
     except ImportError:  # the bar is optional (stoker[build] brings tqdm)
         tqdm = None
-    total = TokenSource(args.url, _storage_options(args.storage_options)).manifest.num_blocks
+    total = open_source(args.url, _storage_options(args.storage_options)).manifest.num_blocks
     bar = (
         tqdm(total=total, unit="block", dynamic_ncols=True)
         if tqdm is not None and not args.quiet

@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike
 
 from stoker.errors import InputError
 from stoker.formats.codec import BlockCodec, checksum, train_dictionary
+from stoker.formats.writing import DatasetWriter
 from stoker.manifest import (
     INDEX_DTYPE,
     MANIFEST_NAME,
@@ -81,7 +82,7 @@ def tokenizer_info(path: str, eos_token: str | None) -> tuple[TokenizerInfo, byt
     )
 
 
-class TokenWriter:
+class TokenWriter(DatasetWriter):
     """Streams documents into a new token dataset at ``url``."""
 
     def __init__(
@@ -136,15 +137,11 @@ class TokenWriter:
         self._pool = ThreadPoolExecutor(opts.threads, thread_name_prefix="stoker-write")
         self._inflight: deque[Future[tuple[bytes, bytes, int, int]]] = deque()
         self._index: list[tuple[int, int, int, int, int, int]] = []
-        self._files: list[FileRef] = []
-        self._file: Any = None
-        self._file_pos = 0
-        self._written_paths: list[str] = []
+        self._start_files()
         self.num_tokens = 0
         self.num_documents = 0  # documents written (empty ones without EOS are skipped)
         self.documents_seen = 0  # documents given to add(), numbering errors
         self.compressed_bytes = 0
-        self._closed = False
         self.manifest: Manifest | None = None  # set by close()
 
     # -- input ---------------------------------------------------------------
@@ -240,20 +237,6 @@ class TokenWriter:
         self._file_pos += len(tok) + len(bounds)
         self.compressed_bytes += len(tok) + len(bounds)
 
-    def _roll_file(self) -> None:
-        self._finish_file()
-        path = f"data/{self.id}-{len(self._files):05d}.bin"
-        self._written_paths.append(path)
-        self._file = self.storage.open_write(path)
-        self._file_pos = 0
-        self._files.append(FileRef(path, 0))
-
-    def _finish_file(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._files[-1] = FileRef(self._files[-1].path, self._file_pos)
-            self._file = None
-
     # -- finish --------------------------------------------------------------
     def close(self) -> Manifest:
         """Flush, write index and manifest; returns the manifest."""
@@ -285,12 +268,12 @@ class TokenWriter:
             index[i] = entry
         index_bytes = index.tobytes()
         index_path = f"index-{self.id}.bin"
-        self._written_paths.append(index_path)
+        self._written.append(index_path)
         st.write_atomic(index_path, index_bytes)
         dict_ref = None
         if self._dictionary is not None:
             dict_path = f"dict-{self.id}.zstd"
-            self._written_paths.append(dict_path)
+            self._written.append(dict_path)
             st.write_atomic(dict_path, self._dictionary)
             dict_ref = FileRef(
                 dict_path, len(self._dictionary), f"{checksum(self._dictionary):016x}"
@@ -298,7 +281,7 @@ class TokenWriter:
         tok = self.tokenizer
         if tok is not None and self.tokenizer_json is not None:
             tok_path = f"tokenizer-{self.id}.json"
-            self._written_paths.append(tok_path)
+            self._written.append(tok_path)
             st.write_atomic(tok_path, self.tokenizer_json)
             tok = TokenizerInfo(tok.name, tok.sha256, tok.eos_token, tok_path)
         from stoker import __version__
@@ -342,33 +325,11 @@ class TokenWriter:
             if path not in keep:
                 self.storage.remove(path)
 
-    def abort(self) -> None:
-        """Stop, and remove what this write produced (best effort); never touches a manifest."""
-        self._closed = True
+    def _stop(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for fut in self._inflight:
             fut.cancel()
         self._inflight.clear()
-        try:
-            if self._file is not None:
-                self._file.close()
-        except Exception:
-            pass
-        self._file = None
-        for path in self._written_paths:
-            try:
-                self.storage.remove(path)
-            except Exception:
-                pass
-
-    def __enter__(self) -> TokenWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def write_tokens(

@@ -221,11 +221,6 @@ class TokenSource:
 
 
 def read_manifest(storage: Storage) -> Manifest:
-    where = storage.url_of(MANIFEST_NAME)
-    try:
-        raw = storage.read(MANIFEST_NAME)
-    except FileNotFoundError as exc:
-        raise ManifestError(
-            f"{where}: no manifest; this is not a stoker dataset, or its write never finished"
-        ) from exc
-    return Manifest.from_json(raw, where)
+    from stoker.formats.kinds import manifest_bytes
+
+    return Manifest.from_json(*manifest_bytes(storage))

@@ -1,10 +1,11 @@
-"""Checking a token dataset end to end before a long run (``stoker verify``).
+"""Checking a dataset end to end before a long run (``stoker verify``).
 
 Every block's record is read from storage as a reader would read it and checked
 against the checksum in the block index; by default it is also decoded and held to
-what the manifest says of it (its length, the vocabulary, its document starts, its
-first token), as :meth:`~stoker.formats.tokens.TokenSource.decode` does for every
-reader. Unlike a reader, a bad block does not stop the check: every one is
+what the manifest says of it, as every reader does: a token block's length, the
+vocabulary, its document starts, its first token
+(:meth:`~stoker.formats.tokens.TokenSource.decode`); a records block's schema and rows
+(:meth:`~stoker.formats.records.RecordSource.decode`). Unlike a reader, a bad block does not stop the check: every one is
 reported, with its file and byte range, so that a damaged copy can be repaired in
 one pass. The manifest, the block index and a dictionary are checked on opening
 (a bad one raises the same typed error a reader would get).
@@ -19,9 +20,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.errors import ManifestError, StorageError
+from stoker.errors import DatasetError, StorageError
 from stoker.formats.codec import checksum
-from stoker.formats.tokens import TokenSource
+from stoker.formats.kinds import open_source
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def verify(
     workers: int = 4,
     progress: Progress | None = None,
 ) -> VerifyReport:
-    """Check every block of the token dataset at ``url`` (see the module's docstring).
+    """Check every block of the dataset (tokens or records) at ``url`` (see the module's
+    docstring).
 
     ``workers`` blocks are read (and decoded) at a time. Raises what opening the
     dataset raises (:class:`~stoker.errors.ManifestError`,
@@ -76,7 +78,7 @@ def verify(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     t0 = time.perf_counter()
-    src = TokenSource(url, storage_options)
+    src = open_source(url, storage_options)
     m = src.manifest
     report = VerifyReport(src.url, 0, 0, 0.0, decode)
 
@@ -84,7 +86,10 @@ def verify(
         entry = src.index[block]
         ref = m.block_file(block)
         start = int(entry["offset"])
-        stop = start + int(entry["token_bytes"]) + int(entry["bounds_bytes"])
+        if "nbytes" in entry.dtype.names:  # a records block: one Arrow IPC stream
+            stop = start + int(entry["nbytes"])
+        else:  # a token block: its tokens and document-starts frames
+            stop = start + int(entry["token_bytes"]) + int(entry["bounds_bytes"])
         where = (block, src.storage.url_of(ref.path), (start, stop))
         try:
             data = src.storage.read_range(ref.path, start, stop)
@@ -100,7 +105,7 @@ def verify(
         if decode:
             try:
                 src.decode(block, data)
-            except ManifestError as exc:
+            except DatasetError as exc:
                 return len(data), BadBlock(*where, str(exc))
         return len(data), None
 

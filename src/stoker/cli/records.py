@@ -1,0 +1,72 @@
+"""``stoker inspect`` of a records dataset."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from typing import Any
+
+from stoker.cli.tokens import _size, _storage_options
+
+
+def describe_value(value: Any) -> str:
+    """A column value as ``inspect`` shows it: bytes that are an image by their size and
+    mode (decoded, with Pillow when it is installed), other bytes by their length, the
+    rest as they print (shortened)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        try:
+            from PIL import Image
+        except ImportError:
+            return f"{_size(len(data))} of bytes (pip install pillow to see an image decoded)"
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                return (
+                    f"{img.format} image, {img.width} x {img.height} {img.mode}, "
+                    f"{_size(len(data))} (decoded)"
+                )
+        except Exception:  # not an image Pillow reads: bytes, then
+            return f"{_size(len(data))} of bytes"
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def inspect_records(args: argparse.Namespace) -> int:
+    from stoker.formats.records import RecordSource
+
+    src = RecordSource(args.url, _storage_options(args.storage_options))
+    m = src.manifest
+    rows = [
+        ("dataset", src.url),
+        ("id", m.dataset_id),
+        (
+            "format",
+            f"{m.format} v{m.format_version} (written by {m.writer or '?'}, {m.created or '?'})",
+        ),
+        ("rows", f"{m.num_rows:,}"),
+        (
+            "blocks",
+            f"{m.num_blocks:,} (about {_size(m.block_bytes)} each) in {len(m.files)} file(s)",
+        ),
+        ("bytes", f"{_size(m.data_bytes)} stored, Arrow buffer compression {m.compression}"),
+    ]
+    for c in m.columns:
+        stats = m.statistics.get(c.name, {})
+        parts = [c.type + ("" if c.nullable else ", not null")]
+        if "min" in stats:
+            parts.append(f"{stats['min']}..{stats['max']}")
+        if "bytes" in stats:
+            parts.append(f"{_size(stats['bytes'])} in all")
+        if stats.get("nulls"):
+            parts.append(f"{stats['nulls']:,} null")
+        rows.append((f"column {c.name}", "; ".join(parts)))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    row = max(0, min(args.offset, m.num_rows - 1))
+    sample = src.rows([row]).to_pylist()[0]
+    print(f"\nsample (row {row:,}):")
+    for name in src.schema.names:
+        print(f"  {name}: {describe_value(sample[name])}")
+    return 0

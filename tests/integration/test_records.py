@@ -1,0 +1,219 @@
+"""Records datasets (stoker.write_records, stoker.RecordSource): JPEG bytes and labels
+written and read back byte for byte, locally and from nginx one range request a block;
+bad rows, bad batches and damaged blocks named; an interrupted write leaves nothing;
+``stoker inspect`` and ``stoker verify`` on records."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+import stoker
+from stoker.formats.records import RecordWriter
+from stoker.formats.verify import verify
+
+SCHEMA = {"image": "binary", "label": "int64", "name": "string"}
+
+
+def jpeg(rng: np.random.Generator, h: int, w: int) -> bytes:
+    """A small photograph-like JPEG: smooth gradients with noise (not pure noise)."""
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 // max(w, 1), y * 255 // max(h, 1), (x + y) % 256], axis=-1)
+    img = np.clip(base + rng.normal(0, 12, size=base.shape), 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(img).save(out, format="JPEG", quality=int(rng.integers(75, 96)))
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "image": jpeg(rng, int(rng.integers(40, 120)), int(rng.integers(40, 120))),
+            "label": i % 7,
+            "name": f"class{i % 7}/img{i:04d}.jpg",
+        }
+        for i in range(240)
+    ]
+
+
+def written(rows: list[dict], path: Path, **kw: object) -> stoker.RecordManifest:
+    return stoker.write_records(rows, str(path), schema=SCHEMA, block_bytes=40_000, **kw)
+
+
+def test_rows_come_back_byte_for_byte_a_block_at_a_time(rows: list[dict], tmp_path: Path) -> None:
+    m = written(rows, tmp_path / "ds")
+    assert m.num_rows == len(rows) and m.num_blocks > 5
+    assert m.statistics["label"] == {"nulls": 0, "min": 0, "max": 6}
+    assert m.statistics["image"]["bytes"] == sum(len(r["image"]) for r in rows)
+    # images as they came (never re-encoded): stored bytes barely above the JPEG bytes
+    assert m.data_bytes <= 1.02 * sum(len(r["image"]) + len(r["name"]) + 8 for r in rows)
+    src = stoker.RecordSource(str(tmp_path / "ds"))
+    got = []
+    for b in range(src.num_blocks):
+        batch = src.block(b)
+        assert batch.num_rows == int(src.index[b]["rows"])
+        got += batch.to_pylist()
+    assert got == rows
+    picked = [239, 3, 120, 3, 0]
+    assert src.rows(picked).to_pylist() == [rows[i] for i in picked]
+    assert src.block_of(np.array([0, 239])).tolist() == [0, src.num_blocks - 1]
+    with pytest.raises(IndexError):
+        src.block_of(np.array([240]))
+
+
+def test_arrow_batches_and_compression(rows: list[dict], tmp_path: Path) -> None:
+    table = pa.Table.from_pylist(rows, schema=pa.schema([("image", pa.binary()),
+                                 ("label", pa.int64()), ("name", pa.string())]))  # fmt: skip
+    for comp in ("zstd", "lz4"):
+        m = stoker.write_records(
+            [table.slice(0, 100), *rows[100:150], table.slice(150).to_batches()[0]],
+            str(tmp_path / comp),
+            schema=table.schema,
+            block_bytes=40_000,
+            compression=comp,
+        )
+        assert m.compression == comp and m.num_rows == len(rows)
+        src = stoker.RecordSource(str(tmp_path / comp))
+        assert src.rows(range(len(rows))).to_pylist() == rows
+
+
+def test_each_block_is_one_range_request_from_an_http_origin(
+    rows: list[dict], tmp_path: Path, serve_dir
+) -> None:
+    written(rows, tmp_path / "ds")
+    origin, url = serve_dir(tmp_path / "ds")
+    src = stoker.RecordSource(url)
+    picked = [5, 200, 77]
+    assert src.rows(picked).to_pylist() == [rows[i] for i in picked]
+    reads = [r for r in origin.access_log() if "/data/" in r.path]
+    want = []
+    for b in sorted(set(src.block_of(np.array(picked)).tolist())):
+        lo = int(src.index[b]["offset"])
+        want.append(f"bytes={lo}-{lo + int(src.index[b]['nbytes']) - 1}")
+    assert sorted(r.range for r in reads) == sorted(want)
+
+
+def test_a_damaged_block_is_named_by_file_and_block(rows: list[dict], tmp_path: Path) -> None:
+    written(rows, tmp_path / "ds")
+    src = stoker.RecordSource(str(tmp_path / "ds"))
+    ref = src.manifest.block_file(2)
+    f = tmp_path / "ds" / ref.path
+    data = bytearray(f.read_bytes())
+    data[int(src.index[2]["offset"]) + 100] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(stoker.ChecksumError) as info:
+        src.block(2)
+    assert info.value.block == 2 and info.value.file == ref.path and "block 2" in str(info.value)
+    assert src.block(1).num_rows > 0  # the others still read
+    report = verify(str(tmp_path / "ds"))
+    assert [b.block for b in report.bad] == [2] and "checksum" in report.bad[0].reason
+    out = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "verify", str(tmp_path / "ds"), "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1 and "block 2" in out.stdout
+
+
+def test_a_block_that_is_not_its_datasets_is_refused(rows: list[dict], tmp_path: Path) -> None:
+    """A block whose checksum was recomputed over other bytes (or a forged index entry)
+    still has to be the dataset's schema and rows."""
+    written(rows, tmp_path / "ds")
+    src = stoker.RecordSource(str(tmp_path / "ds"))
+    other = pa.record_batch([pa.array([1, 2])], names=["x"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, other.schema) as w:
+        w.write_batch(other)
+    with pytest.raises(stoker.DatasetError, match="block 0 has the schema"):
+        src.decode(0, sink.getvalue())
+    with pytest.raises(stoker.DatasetError, match="not an Arrow IPC stream"):
+        src.decode(0, b"garbage" * 10)
+    with pytest.raises(stoker.DatasetError, match="the index says one of"):
+        src.decode(0, src.record(1))
+
+
+def test_bad_input_is_named_and_the_write_leaves_nothing(rows: list[dict], tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    bad = [*rows[:50], {"image": b"x", "label": "seven", "name": "n"}, *rows[51:]]
+    with pytest.raises(stoker.InputError, match=r"row 50, column 'label'"):
+        written(bad, out)
+    assert not (out / "manifest.json").exists()
+    assert not list(out.rglob("*.arrow")) and not list(out.rglob("index-*"))
+    with pytest.raises(stoker.InputError, match="row 3: columns \\['extra'\\]"):
+        written([*rows[:3], {**rows[3], "extra": 1}], out)
+    strict = pa.schema([("image", pa.binary()), ("label", pa.int64(), False)])
+    with pytest.raises(stoker.InputError, match="row 2: column 'label' is missing"):
+        stoker.write_records(
+            [{"image": b"a", "label": 1}, {"image": b"b", "label": 2}, {"image": b"c"}],
+            str(out), schema=strict,
+        )  # fmt: skip
+    wrong = pa.table({"image": pa.array([b"a"]), "label": pa.array([1], pa.int32())})
+    with pytest.raises(stoker.InputError, match="column 'label' is int32, the schema's is int64"):
+        stoker.write_records([wrong], str(out), schema={"image": "binary", "label": "int64"})
+    with pytest.raises(stoker.InputError, match="unknown Arrow type"):
+        stoker.write_records([], str(out), schema={"image": "jpeg"})
+    with pytest.raises(stoker.InputError, match="no rows"):
+        written([], out)
+    assert not out.exists() or not any(p.is_file() for p in out.rglob("*"))
+
+
+def test_an_existing_dataset_is_kept_unless_overwritten(rows: list[dict], tmp_path: Path) -> None:
+    first = written(rows[:100], tmp_path / "ds")
+    with pytest.raises(stoker.InputError, match="exists"):
+        written(rows, tmp_path / "ds")
+    assert stoker.RecordSource(str(tmp_path / "ds")).num_rows == 100
+    second = written(rows, tmp_path / "ds", overwrite=True)
+    assert stoker.RecordSource(str(tmp_path / "ds")).num_rows == len(rows)
+    left = {p.name for p in (tmp_path / "ds").rglob("*") if p.is_file()}
+    assert not any(first.dataset_id in name for name in left)  # the old files went
+    assert any(second.dataset_id in name for name in left)
+
+
+def test_a_token_reader_on_records_says_what_the_dataset_is(
+    rows: list[dict], tmp_path: Path
+) -> None:
+    written(rows, tmp_path / "ds")
+    with pytest.raises(stoker.ManifestError, match="records dataset"):
+        stoker.TokenSource(str(tmp_path / "ds"))
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    manifest["columns"][0]["name"] = "picture"
+    manifest["statistics"]["picture"] = manifest["statistics"].pop("image")
+    manifest.pop("decode_xxh64")
+    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(stoker.ManifestError, match="does not match the schema"):
+        stoker.RecordSource(str(tmp_path / "ds"))
+
+
+def test_inspect_shows_the_schema_and_a_decoded_sample(rows: list[dict], tmp_path: Path) -> None:
+    written(rows, tmp_path / "ds")
+    out = subprocess.run(
+        [sys.executable, "-m", "stoker.cli", "inspect", str(tmp_path / "ds"), "--offset", "9"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    with Image.open(io.BytesIO(rows[9]["image"])) as img:
+        size = f"{img.width} x {img.height}"
+    assert "rows          240" in out.stdout
+    assert "column label  int64; 0..6" in out.stdout
+    assert f"image: JPEG image, {size} RGB" in out.stdout
+    assert "label: 2" in out.stdout and "class2/img0009.jpg" in out.stdout
+
+
+def test_a_writer_used_as_a_context_aborts_on_error(tmp_path: Path) -> None:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        RecordWriter(str(tmp_path / "ds"), SCHEMA, block_bytes=10) as w,
+    ):
+        for i in range(20):
+            w.add({"image": b"x" * 20, "label": i, "name": "n"})
+        assert list((tmp_path / "ds").rglob("*.arrow"))  # blocks were written
+        raise RuntimeError("boom")
+    assert not [p for p in (tmp_path / "ds").rglob("*") if p.is_file()]
