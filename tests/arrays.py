@@ -113,7 +113,7 @@ class ArrayDataset(PlannedDataset):
     def layout(self) -> Layout:
         return self.layout_for(self.dim)
 
-    def open_reader(self) -> ArrayReader:
+    def open_reader(self, epoch: int = 0, decoding: int | None = None) -> ArrayReader:
         return ArrayReader(self.root, self.rows_per_block, self.dim)
 
     def transfer_dtypes(self) -> dict[str, torch.dtype]:

@@ -14,6 +14,7 @@ from stoker.errors import (
     CoordinatorRefused,
     CoordinatorUnavailable,
     DatasetError,
+    ImageError,
     InputError,
     LeaseRejected,
     ManifestError,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from stoker.observe.metered import Metered
     from stoker.plan import ShuffleConfig
     from stoker.record_manifest import RecordManifest
+    from stoker.records.dataset import RecordDataset
     from stoker.storage import RetryPolicy, Storage
     from stoker.tokenizing import build_tokens
 
@@ -66,6 +68,7 @@ _LAZY = {
     "Metered": "stoker.observe.metered",
     "Mixture": "stoker.mixture.dataset",
     "NullCache": "stoker.cache",
+    "RecordDataset": "stoker.records.dataset",
     "RecordManifest": "stoker.record_manifest",
     "RecordSource": "stoker.formats.records",
     "RecordWriter": "stoker.formats.records",
@@ -121,6 +124,7 @@ __all__ = [
     "DatasetError",
     "DevicePrefetcher",
     "DiskCache",
+    "ImageError",
     "InputError",
     "LeaseConfig",
     "LeaseRejected",
@@ -129,6 +133,7 @@ __all__ = [
     "Metered",
     "Mixture",
     "NullCache",
+    "RecordDataset",
     "RecordManifest",
     "RecordSource",
     "RecordWriter",

@@ -8,7 +8,8 @@ can catch either::
     ├── DatasetError (ValueError)           a dataset on storage is not usable
     │   ├── ManifestError                   missing, malformed or inconsistent manifest
     │   │   └── UnsupportedFormatError      format version this stoker cannot read
-    │   └── ChecksumError                   a block's bytes do not match the manifest
+    │   ├── ChecksumError                   a block's bytes do not match the manifest
+    │   └── ImageError                      an image of a records dataset does not decode
     ├── StorageError (OSError)              the storage backend failed
     │   └── UnreachableError                the URL cannot be reached at all
     ├── StateError (ValueError)             a resume state does not fit this dataset
@@ -79,6 +80,11 @@ class ChecksumError(DatasetError):
         super().__init__(message)
         self.file = file
         self.block = block
+
+
+class ImageError(DatasetError):
+    """An image in a records dataset cannot be decoded (or will not be: too large, a mode
+    that is not converted to RGB)."""
 
 
 class StorageError(StokerError, OSError):

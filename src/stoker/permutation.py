@@ -38,6 +38,10 @@ def _mix_array(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+#: splitmix64's finaliser over a uint64 array (hashes that need no permutation).
+mix_array = _mix_array
+
+
 class Permutation:
     """A bijection of ``[0, n)`` chosen by ``key``."""
 

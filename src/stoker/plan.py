@@ -107,6 +107,22 @@ class ShuffleConfig:
         )
 
 
+def shuffle_config(
+    shuffle: bool | ShuffleConfig, seed: int, shard_size: int | None, window_shards: int
+) -> ShuffleConfig:
+    """A dataset's shuffle from its keywords: ``shuffle`` as a :class:`ShuffleConfig`
+    (which then holds the seed, shard size and window, left at their defaults beside
+    it), or True / False with the other three."""
+    if isinstance(shuffle, ShuffleConfig):
+        if (seed, shard_size, window_shards) != (0, None, 16):
+            raise ConfigError(
+                "shuffle=ShuffleConfig(...) holds the seed, shard_size and window_shards: "
+                "set them there, not beside it"
+            )
+        return shuffle
+    return ShuffleConfig(seed, bool(shuffle), shard_size, window_shards)
+
+
 def epoch_order(num_samples: int, config: ShuffleConfig, epoch: int) -> EpochOrder | SpreadOrder:
     """The order of data epoch ``epoch`` that ``config.order`` names."""
     if config.order == "spread":

@@ -199,3 +199,18 @@ def read_documents(url: str) -> list[np.ndarray]:
     toks = src.tokens(0, m.num_tokens)
     bounds = [int(s) + b * m.block_tokens for b in range(m.num_blocks) for s in src.block(b)[1]]
     return [toks[lo:hi] for lo, hi in itertools.pairwise([*bounds, m.num_tokens])]
+
+
+def photo_jpeg(rng: np.random.Generator, h: int, w: int, quality: int | None = None) -> bytes:
+    """A small photograph-like JPEG: smooth gradients with noise (not pure noise)."""
+    import io
+
+    from PIL import Image
+
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 // max(w, 1), y * 255 // max(h, 1), (x + y) % 256], axis=-1)
+    img = np.clip(base + rng.normal(0, 12, size=base.shape), 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    q = quality if quality is not None else int(rng.integers(75, 96))
+    Image.fromarray(img).save(out, format="JPEG", quality=q)
+    return out.getvalue()

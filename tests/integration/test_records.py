@@ -20,17 +20,9 @@ import stoker
 from stoker.formats.records import RecordWriter
 from stoker.formats.verify import verify
 
+from .helpers import photo_jpeg
+
 SCHEMA = {"image": "binary", "label": "int64", "name": "string"}
-
-
-def jpeg(rng: np.random.Generator, h: int, w: int) -> bytes:
-    """A small photograph-like JPEG: smooth gradients with noise (not pure noise)."""
-    y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([x * 255 // max(w, 1), y * 255 // max(h, 1), (x + y) % 256], axis=-1)
-    img = np.clip(base + rng.normal(0, 12, size=base.shape), 0, 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(img).save(out, format="JPEG", quality=int(rng.integers(75, 96)))
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +30,7 @@ def rows() -> list[dict]:
     rng = np.random.default_rng(0)
     return [
         {
-            "image": jpeg(rng, int(rng.integers(40, 120)), int(rng.integers(40, 120))),
+            "image": photo_jpeg(rng, int(rng.integers(40, 120)), int(rng.integers(40, 120))),
             "label": i % 7,
             "name": f"class{i % 7}/img{i:04d}.jpg",
         }

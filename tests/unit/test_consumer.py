@@ -102,7 +102,7 @@ def test_produce_fills_what_take_gives_and_closes_the_reader() -> None:
     spec = ConsumerSpec(
         source=lambda w: StaticSource(_progress(0, 20), 0, w, 1, 4),
         samples=stream.samples,
-        reader=lambda: reader,
+        reader=lambda _epoch: reader,
         batch_size=4,
     )
     made = [e for e in produce(spec, 0, allocate(reader.layout)) if isinstance(e, Made)]

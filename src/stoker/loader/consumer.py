@@ -55,11 +55,13 @@ class Reader(Protocol):
 @dataclass(frozen=True)
 class ConsumerSpec:
     """What one consumer runs, made in the process that runs it (after a fork):
-    ``source(worker)`` its positions, ``samples`` the plan, ``reader()`` its reader."""
+    ``source(worker)`` its positions, ``samples`` the plan, ``reader(epoch)`` its reader
+    for the epoch its positions are of (a kind whose samples are random, as augmented
+    records are, draws them from the epoch and the sample id)."""
 
     source: Callable[[int], PositionSource]
     samples: Callable[[np.ndarray], np.ndarray]
-    reader: Callable[[], Reader]
+    reader: Callable[[int], Reader]
     batch_size: int
 
 
@@ -154,9 +156,9 @@ def produce(spec: ConsumerSpec, worker: int, take: Take) -> Iterator[Began | Mad
     """The consumer loop: every batch of worker ``worker``'s positions, read into what
     ``take(rows)`` gives (``(slot, arrays)``, or None to stop), announced as it is made.
     The reader is closed at the end, however the loop ends."""
-    reader = spec.reader()
+    source = spec.source(worker)
+    reader = spec.reader(source.epoch)
     try:
-        source = spec.source(worker)
         yield Began(source.consumer, source.epoch, source.first_step)
         seen = source.reregistered
         planner = Planner(source, spec.samples, reader, max(spec.batch_size, reader.horizon))

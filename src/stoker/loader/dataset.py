@@ -137,15 +137,7 @@ class TokenDataset(PlannedDataset):
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.num_samples = (m.num_tokens - 1) // seq_len
-        if isinstance(shuffle, plan.ShuffleConfig):
-            if (seed, shard_size, window_shards) != (0, None, 16):
-                raise ConfigError(
-                    "shuffle=ShuffleConfig(...) holds the seed, shard_size and window_shards: "
-                    "set them there, not beside it"
-                )
-            config = shuffle
-        else:
-            config = plan.ShuffleConfig(seed, bool(shuffle), shard_size, window_shards)
+        config = plan.shuffle_config(shuffle, seed, shard_size, window_shards)
         self.shuffle_config = config.resolve(seq_len, m.block_tokens)
         self.drop_remainder = drop_remainder
         self.rank, self.world_size = rank, world_size
@@ -184,8 +176,11 @@ class TokenDataset(PlannedDataset):
     def layout(self) -> Layout:
         return TokenReader.layout_for(self.seq_len, self.doc_starts)
 
-    def open_reader(self, decoding: int | None = None) -> TokenReader | SampleReader:
-        """This dataset's reader; ``decoding``: how many blocks the spread order's reader
+    def open_reader(
+        self, epoch: int = 0, decoding: int | None = None
+    ) -> TokenReader | SampleReader:
+        """This dataset's reader (a token sample is the same whatever the ``epoch``);
+        ``decoding``: how many blocks the spread order's reader
         decodes at once (default: :func:`~stoker.loader.arena.decoding_threads`; a mixture
         shares that out among its sources' readers; the window order's arena reader
         decodes as it always does)."""

@@ -116,10 +116,10 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         """What a batch of this dataset holds."""
         raise NotImplementedError
 
-    def open_reader(self, decoding: int | None = None) -> Reader:
-        """A reader of this dataset's samples (one per consumer; close it when done);
-        ``decoding``: how many of its units of storage (blocks) it decodes at once
-        (default: the reader's own choice)."""
+    def open_reader(self, epoch: int = 0, decoding: int | None = None) -> Reader:
+        """A reader of this dataset's samples of epoch ``epoch`` (one per consumer; close
+        it when done); ``decoding``: how many of its units of storage (blocks) it decodes
+        at once (default: the reader's own choice)."""
         raise NotImplementedError
 
     def locality(self) -> dict[str, Any]:

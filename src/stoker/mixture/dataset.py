@@ -297,7 +297,10 @@ class Mixture(PlannedDataset):
         fields = {k: f for k, f in self.sources[self.names[0]].layout.items() if k != SAMPLE_ID}
         return Layout({**fields, SOURCE: Field(torch.int64)})
 
-    def open_reader(self, decoding: int | None = None) -> MixReader:
+    def open_reader(self, epoch: int = 0, decoding: int | None = None) -> MixReader:
+        """The sources' readers, each opened for the mixture's ``epoch`` (a source runs
+        epochs of its own, which its sample ids do not carry: a kind whose samples are
+        random, as augmented records are, draws them from the mixture's epoch)."""
         readers: list[Reader] = []
         # the sources' readers decode as many blocks at once as one source's would, shared
         # out (at least one each): a decode thread each of three sources, not two, ran a
@@ -306,7 +309,7 @@ class Mixture(PlannedDataset):
         each = max(1, budget // len(self.names))
         try:
             for n in self.names:
-                readers.append(self.sources[n].open_reader(decoding=each))
+                readers.append(self.sources[n].open_reader(epoch, decoding=each))
         except BaseException:
             for r in readers:
                 r.close()

@@ -1,0 +1,1 @@
+"""Records: images and other rows, read through the one reading pipeline."""

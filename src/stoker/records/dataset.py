@@ -1,0 +1,223 @@
+"""``RecordDataset``: a torch IterableDataset of a records dataset's images, decoded and
+augmented, with their labels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from stoker import plan
+from stoker.errors import ConfigError, ImageError
+from stoker.formats.records import RecordSource
+from stoker.loader.arena import decoding_threads
+from stoker.loader.batch import Field, Layout
+from stoker.loader.planned import PlannedDataset
+from stoker.records import augment
+from stoker.records.image import MAX_PIXELS, decode_region, open_image, rgb
+from stoker.records.reader import RecordReader
+from stoker.storage import RetryPolicy
+
+AUGMENTS = ("train", "eval", "resize")
+#: Rows planned ahead at least (the reader fetches blocks a few ahead of their use).
+_HORIZON = 512
+
+#: A user's transform: ``(image, rng) -> image``, the decoded image (Pillow, RGB) and a
+#: generator seeded from (seed, epoch, sample id); it returns an array of shape ``(3,
+#: size, size)`` or ``(size, size, 3)`` of uint8 (or a Pillow image of that size).
+Transform = Callable[[Any, np.random.Generator], Any]
+
+
+class RecordDataset(PlannedDataset):
+    """The images of a records dataset at ``url`` (see :func:`stoker.write_records`), as
+    uint8 tensors of shape ``(3, image_size, image_size)`` (``image``), with their
+    ``label`` (int64) and ``sample_id`` (the row).
+
+    ``augment``: ``"train"`` (the default: RandomResizedCrop to ``image_size``, scale
+    0.08-1, aspect 3/4-4/3, and a horizontal flip for half of them), ``"eval"`` (the
+    short side resized to ``image_size / 0.875``, then the centre crop) or ``"resize"``
+    (the whole image resized to ``image_size`` square). Every random choice is a pure
+    function of ``(seed, epoch, sample id)``: the same sample gets the same crop in an
+    epoch whatever the ranks, workers and restarts. ``transform(image, rng)`` replaces
+    the built-in augmentation (``rng``: a numpy Generator seeded the same way).
+    Normalisation belongs on the GPU: uint8 crosses the bus.
+
+    ``image_column`` (default: ``image``, else the only binary column) holds the
+    encoded bytes (JPEG, PNG, WebP, anything Pillow reads); ``label_column`` (default:
+    ``label`` when there is one; ``False``: none) an integer per row.
+
+    The plan, the state, the DataLoader protocol, ``stoker.TokenLoader`` and the
+    coordinator are a token dataset's (:class:`~stoker.loader.planned.PlannedDataset`):
+    ``shard_size`` (default: the rows of a block) consecutive rows are a unit of the
+    shuffle.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        image_size: int = 224,
+        augment: str = "train",
+        transform: Transform | None = None,
+        image_column: str | None = None,
+        label_column: str | bool | None = None,
+        batch_size: int = 1,
+        seed: int = 0,
+        shuffle: bool | plan.ShuffleConfig = True,
+        shard_size: int | None = None,
+        window_shards: int = 16,
+        drop_remainder: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        max_pixels: int = MAX_PIXELS,
+    ) -> None:
+        super().__init__()
+        if image_size < 1:
+            raise ConfigError(f"image_size must be >= 1, got {image_size}")
+        if augment not in AUGMENTS:
+            raise ConfigError(f"augment must be one of {list(AUGMENTS)}, got {augment!r}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.source = RecordSource(url, storage_options, retry=retry)
+        m = self.source.manifest
+        self.image_column = self._image_column(image_column)
+        self.label_column = self._label_column(label_column)
+        self.image_size, self.augment, self.transform = image_size, augment, transform
+        self.max_pixels = max_pixels
+        self.num_samples = m.num_rows
+        self.batch_size = batch_size
+        rows = self.source.index["rows"]
+        unit = max(1, int(np.median(rows))) if len(rows) else 1
+        config = plan.shuffle_config(shuffle, seed, shard_size, window_shards)
+        # (a unit of the spread order: ``block_tokens // seq_len`` rows, a block's)
+        self.shuffle_config = config.resolve(1, unit)
+        self.seed = self.shuffle_config.seed
+        self.drop_remainder = drop_remainder
+        self.rank, self.world_size = rank, world_size
+        self.name = self.source.url
+        self._init_epochs()
+
+    def _image_column(self, name: str | None) -> str:
+        schema = self.source.schema
+        import pyarrow as pa
+
+        binary: list[str] = [
+            f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
+        ]
+        if name is None:
+            if "image" in binary:
+                return "image"
+            if len(binary) != 1:
+                raise ConfigError(
+                    f"{self.source.url}: name the image column (image_column=...); binary "
+                    f"columns: {binary}"
+                )
+            return binary[0]
+        if name not in binary:
+            raise ConfigError(
+                f"{self.source.url}: image_column {name!r} is not a binary column of "
+                f"{schema.names} (binary: {binary})"
+            )
+        return name
+
+    def _label_column(self, name: str | bool | None) -> str | None:
+        schema = self.source.schema
+        import pyarrow as pa
+
+        if name is False:
+            return None
+        if name is None or name is True:
+            if "label" not in schema.names:
+                if name is True:
+                    raise ConfigError(f"{self.source.url}: no column 'label' ({schema.names})")
+                return None
+            name = "label"
+        if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
+            raise ConfigError(
+                f"{self.source.url}: label_column {name!r} is not an integer column of "
+                f"{schema.names}"
+            )
+        return name
+
+    # -- identity --------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """What a state must match: the rows and the plan (not the augmentation: a state
+        is positions, and resumes under another one)."""
+        c = self.shuffle_config
+        return {
+            "kind": "records",
+            "dataset_id": self.source.manifest.dataset_id,
+            "num_samples": self.num_samples,
+            "seed": c.seed,
+            "shuffle": c.shuffle,
+            "shard_size": c.shard_size,
+            "window_shards": c.window_shards,
+            "order": c.order,
+            "spread": c.spread,
+        }
+
+    @property
+    def layout(self) -> Layout:
+        s = self.image_size
+        fields = {"image": Field(torch.uint8, (3, s, s))}
+        if self.label_column is not None:
+            fields["label"] = Field(torch.int64)
+        return Layout(fields)
+
+    def open_reader(self, epoch: int = 0, decoding: int | None = None) -> RecordReader:
+        columns = [self.image_column] + ([self.label_column] if self.label_column else [])
+        assert self.shuffle_config.shard_size is not None  # (resolved)
+        horizon = max(_HORIZON, 8 * self.shuffle_config.shard_size)
+        return RecordReader(
+            self.source,
+            self.layout,
+            self.make,
+            columns,
+            epoch,
+            horizon=horizon,
+            decoding=decoding_threads() if decoding is None else decoding,
+        )
+
+    # -- a sample ---------------------------------------------------------------
+    def make(self, row: dict[str, Any], epoch: int, sid: int, out: dict[str, Any], i: int) -> None:
+        """Row ``i`` of ``out``: sample ``sid``'s image (decoded, augmented) and label."""
+        data = row[self.image_column]
+        if data is None:
+            raise ImageError(f"column {self.image_column!r} is empty (null)")
+        s = self.image_size
+        if self.transform is not None:
+            key = int(augment.sample_keys(self.seed, epoch, np.array([sid]))[0])
+            rng = np.random.Generator(np.random.Philox(key=key))
+            got = self.transform(rgb(open_image(data, self.max_pixels)), rng)
+            out["image"][i] = _chw(got, s)
+        else:
+            u = augment.uniforms(augment.sample_keys(self.seed, epoch, np.array([sid])))[0]
+            if self.augment == "train":
+                box, flip = (lambda w, h: augment.crop_box(u, w, h)), augment.flipped(u)
+            elif self.augment == "eval":
+                box, flip = (lambda w, h: augment.centre_box(w, h, s, round(s / 0.875))), False
+            else:
+                box, flip = (lambda w, h: (0, 0, w, h)), False
+            out["image"][i] = decode_region(data, (s, s), box, flip, self.max_pixels)
+        if self.label_column is not None:
+            label = row[self.label_column]
+            if label is None:
+                raise ImageError(f"column {self.label_column!r} (the label) is missing")
+            out["label"][i] = label
+
+
+def _chw(value: Any, size: int) -> np.ndarray:
+    """A transform's output as a ``(3, size, size)`` uint8 array (ImageError otherwise)."""
+    a = np.asarray(value)
+    if a.shape == (size, size, 3):
+        a = a.transpose(2, 0, 1)
+    if a.shape != (3, size, size) or a.dtype != np.uint8:
+        raise ImageError(
+            f"the transform gave {a.dtype} of shape {a.shape}; expected uint8 of shape "
+            f"(3, {size}, {size}) or ({size}, {size}, 3)"
+        )
+    return a

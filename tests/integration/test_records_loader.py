@@ -1,0 +1,190 @@
+"""stoker.RecordDataset through the one reading pipeline: every image once an epoch with
+its label, fixed-shape uint8 batches from worker slots, the same crops whatever the
+workers, ranks or restarts (bit-identical resume), torch's DataLoader, the coordinator,
+a mixture, and a bad image named by row, block and file."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import stoker
+
+from .helpers import photo_jpeg
+
+N, B, SIZE = 150, 8, 32
+
+
+@pytest.fixture(autouse=True)
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STOKER_COORDINATOR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(1)
+    rows = [
+        {"image": photo_jpeg(rng, int(rng.integers(40, 160)), int(rng.integers(40, 160))),
+         "label": (i * 7) % 10}
+        for i in range(N)
+    ]  # fmt: skip
+    out = tmp_path_factory.mktemp("images") / "ds"
+    stoker.write_records(rows, str(out), schema={"image": "binary", "label": "int64"},
+                         block_bytes=30_000)  # fmt: skip
+    return out
+
+
+def dataset(root: Path, **kw: object) -> stoker.RecordDataset:
+    kw.setdefault("batch_size", B)
+    kw.setdefault("image_size", SIZE)
+    return stoker.RecordDataset(str(root), seed=3, **kw)  # type: ignore[arg-type]
+
+
+def ids(batches: list[dict[str, torch.Tensor]]) -> list[int]:
+    return [i for b in batches for i in b["sample_id"].tolist()]
+
+
+def same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
+    return len(a) == len(b) and all(
+        set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )
+
+
+def test_every_image_once_an_epoch_with_its_label_whatever_the_workers(images: Path) -> None:
+    runs = []
+    for nw in (0, 2):
+        loader = stoker.TokenLoader(dataset(images), nw)
+        first, second = list(loader), list(loader)
+        for epoch in (first, second):
+            assert sorted(ids(epoch)) == list(range(N))
+            for b in epoch:
+                assert b["image"].dtype == torch.uint8 and b["image"].shape[1:] == (3, SIZE, SIZE)
+                assert (b["label"] == (b["sample_id"] * 7) % 10).all()
+        assert ids(first) != ids(second)  # a fresh shuffle an epoch
+        runs.append((first, second))
+    assert same(runs[0][0], runs[1][0]) and same(runs[0][1], runs[1][1])
+    # a sample's crop differs from one epoch to the next, and is the same in one epoch
+    one = {int(i): b["image"][j] for b in runs[0][0] for j, i in enumerate(b["sample_id"])}
+    two = {int(i): b["image"][j] for b in runs[0][1] for j, i in enumerate(b["sample_id"])}
+    assert sum(not torch.equal(one[i], two[i]) for i in range(N)) > 0.9 * N
+
+
+def test_the_images_are_the_stored_ones_cropped(images: Path) -> None:
+    """With augment="resize" each image is its stored JPEG resized (as Pillow does it)."""
+    src = stoker.RecordSource(str(images))
+    batches = list(stoker.TokenLoader(dataset(images, augment="resize"), 0))
+    for b in batches[:3]:
+        for j, sid in enumerate(b["sample_id"].tolist()):
+            data = src.rows([sid]).column("image")[0].as_py()
+            img = Image.open(io.BytesIO(data))
+            if min(img.size) >= 2 * SIZE:  # decoded at a reduced size (libjpeg's DCT scaling)
+                img.draft("RGB", (SIZE, SIZE))
+            want = np.asarray(img.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR))
+            got = b["image"][j].numpy().transpose(1, 2, 0)
+            assert (got == want).all()
+    eval_a = list(stoker.TokenLoader(dataset(images, augment="eval"), 0))
+    eval_b = list(stoker.TokenLoader(dataset(images, augment="eval"), 0))
+    assert same(eval_a, eval_b)
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+@pytest.mark.parametrize("at", [3, 11])
+def test_a_resumed_run_is_bit_identical(images: Path, nw: int, at: int) -> None:
+    whole = list(stoker.TokenLoader(dataset(images), nw))
+    loader = stoker.TokenLoader(dataset(images), nw)
+    it = iter(loader)
+    head = [next(it) for _ in range(at)]
+    state = loader.state_dict()
+    it.close()
+    again = stoker.TokenLoader(dataset(images), 2 - nw)  # another number of workers
+    again.load_state_dict(state)
+    assert same(head + list(again), whole)
+
+
+def test_two_ranks_share_an_epoch_and_crop_as_one_would(images: Path) -> None:
+    one = {}
+    for b in stoker.TokenLoader(dataset(images, rank=0, world_size=1), 0):
+        for j, i in enumerate(b["sample_id"].tolist()):
+            one[i] = b["image"][j]
+    seen = []
+    for rank in (0, 1):
+        batches = list(stoker.TokenLoader(dataset(images, rank=rank, world_size=2), 0))
+        seen.append(ids(batches))
+        for b in batches:
+            for j, i in enumerate(b["sample_id"].tolist()):
+                assert torch.equal(b["image"][j], one[i])  # the crop is the sample's
+    assert len(seen[0]) == len(seen[1]) and not set(seen[0]) & set(seen[1])
+    assert set(seen[0]) | set(seen[1]) >= set(range(N - 1))
+
+
+def test_torch_dataloader_workers_give_the_loaders_batches(images: Path) -> None:
+    ds = dataset(images)
+    ds.set_epoch(0)
+    dl = list(DataLoader(ds, batch_size=B, num_workers=2))
+    mine = list(stoker.TokenLoader(dataset(images), 0))
+    assert same(dl, mine)
+
+
+def test_a_coordinator_feeds_records_exactly_once(images: Path) -> None:
+    loader = stoker.TokenLoader(dataset(images), 2, coordinator="rank0")
+    try:
+        batches = list(loader)
+    finally:
+        loader.close()
+    assert sorted(ids(batches)) == list(range(N))
+    for b in batches:
+        assert (b["label"] == (b["sample_id"] * 7) % 10).all()
+
+
+def test_records_mix_with_records(images: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    stoker.write_records(
+        [{"image": photo_jpeg(rng, 50, 70), "label": 100 + i} for i in range(40)],
+        str(tmp_path / "small"), schema={"image": "binary", "label": "int64"},
+        block_bytes=20_000,
+    )  # fmt: skip
+    mix = stoker.Mixture(
+        {"big": dataset(images, batch_size=1), "small": dataset(tmp_path / "small", batch_size=1)},
+        {"big": 0.75, "small": 0.25},
+        batch_size=B,
+    )
+    batches = list(stoker.TokenLoader(mix, 0))
+    for b in batches:
+        assert b["image"].shape[1:] == (3, SIZE, SIZE)
+        assert int((b["source"] == 1).sum()) == B // 4
+        small = b["source"] == 1
+        assert (b["label"][small] >= 100).all() and (b["label"][~small] < 10).all()
+
+
+def test_a_bad_image_is_named_by_row_block_and_file(images: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    rows = [{"image": photo_jpeg(rng, 40, 40), "label": 1} for _ in range(30)]
+    rows[17]["image"] = rows[17]["image"][: len(rows[17]["image"]) // 2]  # truncated
+    stoker.write_records(rows, str(tmp_path / "bad"), schema={"image": "binary", "label": "int64"},
+                         block_bytes=5_000)  # fmt: skip
+    src = stoker.RecordSource(str(tmp_path / "bad"))
+    block = int(src.block_of(np.array([17]))[0])
+    for nw in (0, 1):
+        with pytest.raises(stoker.DatasetError) as info:
+            list(stoker.TokenLoader(dataset(tmp_path / "bad"), nw))
+        text = str(info.value)
+        assert f"row 17 (block {block})" in text
+        assert "does not decode" in text or "not an image" in text
+        assert src.manifest.block_file(block).path in text
+
+
+def test_bad_configurations_are_refused(images: Path) -> None:
+    with pytest.raises(stoker.ConfigError, match="augment"):
+        dataset(images, augment="random")
+    with pytest.raises(stoker.ConfigError, match="image_column 'label'"):
+        dataset(images, image_column="label")
+    with pytest.raises(stoker.ConfigError, match="label_column 'image'"):
+        dataset(images, label_column="image")
+    assert "label" not in dataset(images, label_column=False).layout
