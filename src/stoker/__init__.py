@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from stoker.observe.metered import Metered
     from stoker.plan import ShuffleConfig
     from stoker.record_manifest import RecordManifest
+    from stoker.records.build import build_records
     from stoker.records.dataset import RecordDataset
     from stoker.storage import RetryPolicy, Storage
     from stoker.tokenizing import build_tokens
@@ -81,6 +82,7 @@ _LAZY = {
     "TokenWriter": "stoker.formats.token_writer",
     "WeightSchedule": "stoker.mixture.schedule",
     "WriteOptions": "stoker.formats.token_writer",
+    "build_records": "stoker.records.build",
     "build_tokens": "stoker.tokenizing",
     "convert": "stoker.converters",
     "verify": "stoker.formats.verify",
@@ -153,6 +155,7 @@ __all__ = [
     "WorkerError",
     "WriteOptions",
     "__version__",
+    "build_records",
     "build_tokens",
     "convert",
     "cu_seqlens",

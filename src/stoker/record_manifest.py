@@ -49,7 +49,15 @@ RECORD_INDEX_DTYPE = np.dtype(
     ]
 )
 #: Fields that do not change how the data is read (left out of ``decode_xxh64``).
-_INFORMATIONAL = ("statistics", "data_bytes", "block_bytes", "created", "writer", "decode_xxh64")
+_INFORMATIONAL = (
+    "statistics",
+    "metadata",
+    "data_bytes",
+    "block_bytes",
+    "created",
+    "writer",
+    "decode_xxh64",
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,9 @@ class RecordManifest(JSONManifest):
     compression: str = "none"
     #: Per column: ``nulls``, and ``min`` / ``max`` (numbers) or ``bytes`` (binary, text).
     statistics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: What the writer was told of the rows (``stoker build-records``: the source's kind,
+    #: an ImageFolder's class names by label); informational.
+    metadata: dict[str, Any] = field(default_factory=dict)
     data_bytes: int = 0
     block_bytes: int = 0  # the writer's target size of a block
     created: str = ""
@@ -141,6 +152,9 @@ class RecordManifest(JSONManifest):
         stats = raw.get("statistics", {})
         if not isinstance(stats, dict):
             raise ManifestError(f"{where}: field 'statistics' must be an object")
+        metadata = raw.get("metadata", {})
+        if not isinstance(metadata, dict):
+            raise ManifestError(f"{where}: field 'metadata' must be an object")
         num_rows = get.integer("num_rows", minimum=1, maximum=1 << 62)
         manifest = cls(
             dataset_id=get.text("dataset_id", pattern=SEGMENT),
@@ -155,6 +169,7 @@ class RecordManifest(JSONManifest):
             index=file_ref(get.obj("index"), f"{where}: index"),
             compression=compression,
             statistics=stats,
+            metadata=metadata,
             data_bytes=get.integer("data_bytes", minimum=0, default=0),
             block_bytes=get.integer("block_bytes", minimum=0, default=0),
             created=get.text("created", default=""),

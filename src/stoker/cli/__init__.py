@@ -1,6 +1,7 @@
 """``stoker ...`` (and ``python -m stoker``): the command line, one module per verb.
 
-``tokens`` (build-tokens, inspect), ``agent`` (the node agent), ``coordinator``
+``tokens`` (build-tokens, inspect, verify, convert), ``records`` (build-records, and
+inspect of a records dataset), ``agent`` (the node agent), ``coordinator``
 (coordinator, replay), ``observe`` (doctor, top); the demo is :mod:`stoker.demo`.
 Each verb's module is imported when the parser is built, its heavy imports when it runs.
 """
@@ -33,7 +34,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from stoker.cli import observe, tokens
+    from stoker.cli import observe, records, tokens
 
     p = argparse.ArgumentParser(prog="stoker", description="Keeps the GPUs of a training job fed.")
     from stoker import __version__
@@ -95,6 +96,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(func=tokens.cmd_build_tokens)
+
+    br = sub.add_parser(
+        "build-records",
+        help="images (ImageFolder, WebDataset, parquet, jsonl) into a records dataset",
+    )
+    br.add_argument("sources", nargs="+", help="an ImageFolder directory, WebDataset .tar shards "
+                    "(or their directory), .parquet or .jsonl files")  # fmt: skip
+    br.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
+    br.add_argument("--from", dest="source_format",
+                    choices=("imagefolder", "webdataset", "parquet", "jsonl"),
+                    help="the sources' format (default: told from what is there)")  # fmt: skip
+    br.add_argument("--image-column", help="parquet / jsonl: the column of image bytes")
+    br.add_argument("--path-column", help="parquet / jsonl: the column of image paths "
+                    "(relative to the file)")  # fmt: skip
+    br.add_argument("--label-column", default="label", help="parquet / jsonl: the label column")
+    br.add_argument("--on-error", choices=("raise", "skip"), default="raise",
+                    help="skip: leave out and count an item that cannot be read, is not an "
+                    "image or has no label")  # fmt: skip
+    br.add_argument("--check-images", action=argparse.BooleanOptionalAction, default=True,
+                    help="open each image (its header) while building (default: yes)")  # fmt: skip
+    br.add_argument("--block-bytes", type=int, default=4 << 20)
+    br.add_argument("--compression", choices=("lz4", "zstd"),
+                    help="Arrow buffer compression (default none: images are compressed)")  # fmt: skip
+    br.add_argument("--storage-options", help="JSON object of fsspec options for --out")
+    br.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    br.add_argument("--quiet", action="store_true", help="no progress bar")
+    br.set_defaults(func=records.cmd_build_records)
 
     i = sub.add_parser("inspect", help="describe a dataset (tokens or records) and show a sample")
     i.add_argument("url")

@@ -6,7 +6,7 @@ import argparse
 import io
 from typing import Any
 
-from stoker.cli.tokens import _size, _storage_options
+from stoker.cli.tokens import _size, _storage_options, print_skipped
 
 
 def describe_value(value: Any) -> str:
@@ -51,6 +51,11 @@ def inspect_records(args: argparse.Namespace) -> int:
         ),
         ("bytes", f"{_size(m.data_bytes)} stored, Arrow buffer compression {m.compression}"),
     ]
+    classes = m.metadata.get("classes")
+    if isinstance(classes, list) and classes:
+        shown = ", ".join(f"{i} {c}" for i, c in enumerate(classes[:8]))
+        more = f", ... ({len(classes)} in all)" if len(classes) > 8 else ""
+        rows.append(("classes", shown + more))
     for c in m.columns:
         stats = m.statistics.get(c.name, {})
         parts = [c.type + ("" if c.nullable else ", not null")]
@@ -69,4 +74,51 @@ def inspect_records(args: argparse.Namespace) -> int:
     print(f"\nsample (row {row:,}):")
     for name in src.schema.names:
         print(f"  {name}: {describe_value(sample[name])}")
+    return 0
+
+
+def cmd_build_records(args: argparse.Namespace) -> int:
+    from stoker.records.build import build_records
+
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is optional (stoker[build] brings tqdm)
+        tqdm = None
+    bars: list[Any] = []  # made at the first report: the sources are listed, their bytes known
+
+    def progress(done: int, total: int) -> None:
+        if tqdm is None or args.quiet:
+            return
+        if not bars:
+            bars.append(tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                             dynamic_ncols=True))  # fmt: skip
+        bars[0].update(done - bars[0].n)
+
+    try:
+        stats = build_records(
+            args.sources,
+            args.out,
+            source_format=args.source_format,
+            image_column=args.image_column,
+            path_column=args.path_column,
+            label_column=args.label_column,
+            on_error=args.on_error,
+            check_images=args.check_images,
+            block_bytes=args.block_bytes,
+            compression=args.compression,
+            storage_options=_storage_options(args.storage_options),
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    finally:
+        for bar in bars:
+            bar.close()
+    m = stats.manifest
+    assert m is not None
+    print(
+        f"wrote {args.out}: {m.num_rows:,} images in {m.num_blocks:,} blocks, "
+        f"{_size(m.data_bytes)} in {stats.seconds:.1f} s "
+        f"({stats.source_bytes / max(stats.seconds, 1e-9) / 1e6:.1f} MB/s of sources)"
+    )
+    print_skipped(stats.skipped, stats.errors, "item(s)")
     return 0

@@ -84,13 +84,19 @@ def cmd_build_tokens(args: argparse.Namespace) -> int:
         f"({manifest.compressed_bytes / manifest.raw_bytes:.3f} of raw {manifest.dtype}) "
         f"in {stats.seconds:.1f} s ({stats.text_bytes / max(stats.seconds, 1e-9) / 1e6:.1f} MB/s of text)"
     )
-    if stats.skipped:
-        print(f"left out {stats.skipped:,} unreadable document(s) or empty file(s):")
-        for why in stats.skipped_reasons:
-            print(f"  {why}")
-        if stats.skipped > len(stats.skipped_reasons):
-            print(f"  ... and {stats.skipped - len(stats.skipped_reasons):,} more")
+    print_skipped(stats.skipped, stats.skipped_reasons, "unreadable document(s) or empty file(s)")
     return 0
+
+
+def print_skipped(skipped: int, named: list[str], what: str) -> None:
+    """What a build left out: how many, the first of them by name."""
+    if not skipped:
+        return
+    print(f"left out {skipped:,} {what}:")
+    for why in named:
+        print(f"  {why}")
+    if skipped > len(named):
+        print(f"  ... and {skipped - len(named):,} more")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

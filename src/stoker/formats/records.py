@@ -104,8 +104,10 @@ class RecordWriter(DatasetWriter):
         compression: str | None = None,
         storage_options: dict[str, Any] | None = None,
         overwrite: bool = False,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         pa = _arrow()
+        self.metadata = dict(metadata or {})
         self.schema = as_schema(schema)
         if not 1 <= block_bytes <= MAX_BLOCK_BYTES // 2:
             raise InputError(
@@ -339,6 +341,7 @@ class RecordWriter(DatasetWriter):
             index=FileRef(index_path, len(index_bytes), f"{checksum(index_bytes):016x}"),
             compression=self.compression,
             statistics={n: dict(s) for n, s in self._stats.items()},
+            metadata=self.metadata,
             data_bytes=self.data_bytes,
             block_bytes=self.block_bytes,
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

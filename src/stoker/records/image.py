@@ -46,6 +46,8 @@ def open_image(data: bytes, max_pixels: int = MAX_PIXELS) -> Any:
             img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
         raise ImageError(f"too large to decode ({exc})") from exc
+    except Image.UnidentifiedImageError as exc:
+        raise ImageError("not an image Pillow reads (no image format it knows)") from exc
     except Exception as exc:
         raise ImageError(f"not an image Pillow reads ({type(exc).__name__}: {exc})") from exc
     if img.width * img.height > max_pixels:
