@@ -18,6 +18,19 @@ from stoker.errors import StokerError
 def cmd_demo(args: argparse.Namespace) -> int:
     from stoker.extras import require
 
+    if args.images:
+        for module in ("pyarrow", "PIL"):  # records, and the pictures it draws
+            require(module, "records", "stoker demo --images")
+        from stoker.demo_images import run_image_demo
+
+        return run_image_demo(
+            steps=args.steps,
+            world=args.world,
+            batch_size=16 if args.batch_size is None else args.batch_size,
+            workdir=args.workdir,
+            num_workers=args.num_workers,
+        )
+
     for module in ("tokenizers", "tqdm"):  # it trains a tokenizer and shows a progress bar
         require(module, "build", "stoker demo")
     from stoker.demo import run_demo
@@ -26,7 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         steps=args.steps,
         world=args.world,
         seq_len=args.seq_len,
-        batch_size=args.batch_size,
+        batch_size=8 if args.batch_size is None else args.batch_size,
         workdir=args.workdir,
         num_workers=args.num_workers,
         metrics_port=None if args.no_metrics else args.metrics_port,
@@ -179,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=60)
     d.add_argument("--world", type=int, default=2)
     d.add_argument("--seq-len", type=int, default=128)
-    d.add_argument("--batch-size", type=int, default=8)
+    d.add_argument("--batch-size", type=int, help="per rank (default 8; with --images 16)")
+    d.add_argument("--images", action="store_true",
+                   help="an image dataset built on the fly and a tiny CNN (records)")  # fmt: skip
     d.add_argument("--num-workers", type=int, default=0)
     d.add_argument("--workdir", help="keep the dataset here (default: a temporary directory)")
     d.add_argument(
