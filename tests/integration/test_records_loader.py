@@ -188,3 +188,38 @@ def test_bad_configurations_are_refused(images: Path) -> None:
     with pytest.raises(stoker.ConfigError, match="label_column 'image'"):
         dataset(images, label_column="image")
     assert "label" not in dataset(images, label_column=False).layout
+
+
+def test_the_device_tier_hands_over_the_loaders_images(images: Path) -> None:
+    plain = list(stoker.TokenLoader(dataset(images), 2))
+    loader = stoker.TokenLoader(dataset(images), 2, device="cpu")
+    try:
+        through = [{k: v.clone() for k, v in b.items()} for b in loader]
+    finally:
+        loader.close()
+    assert same(through, plain) and through[0]["image"].dtype == torch.uint8
+
+
+def seeded_crop(image: object, rng: np.random.Generator) -> np.ndarray:
+    """A user's transform: a random SIZE x SIZE window of the decoded image (padded)."""
+    a = np.asarray(image)
+    a = np.pad(a, ((0, max(0, SIZE - a.shape[0])), (0, max(0, SIZE - a.shape[1])), (0, 0)))
+    top = int(rng.integers(0, a.shape[0] - SIZE + 1))
+    left = int(rng.integers(0, a.shape[1] - SIZE + 1))
+    return a[top : top + SIZE, left : left + SIZE]
+
+
+def test_a_users_transform_gets_a_generator_seeded_by_epoch_and_sample(images: Path) -> None:
+    runs = [list(stoker.TokenLoader(dataset(images, transform=seeded_crop), nw)) for nw in (0, 2)]
+    assert same(runs[0], runs[1])
+    loader = stoker.TokenLoader(dataset(images, transform=seeded_crop), 0)
+    first, second = list(loader), list(loader)
+    one = {int(i): b["image"][j] for b in first for j, i in enumerate(b["sample_id"])}
+    two = {int(i): b["image"][j] for b in second for j, i in enumerate(b["sample_id"])}
+    assert sum(not torch.equal(one[i], two[i]) for i in range(N)) > 0.8 * N
+    with pytest.raises(stoker.ImageError, match=r"the transform gave uint8 of shape \(5, 5, 3\)"):
+        list(
+            stoker.TokenLoader(
+                dataset(images, transform=lambda img, rng: np.zeros((5, 5, 3), np.uint8)), 0
+            )
+        )
