@@ -61,13 +61,17 @@ def test_every_image_once_an_epoch_with_its_label_whatever_the_workers(images: P
     runs = []
     for nw in (0, 2):
         loader = stoker.TokenLoader(dataset(images), nw)
-        first, second = list(loader), list(loader)
+        first = list(loader)
+        counted = loader.stats()["samples"]  # (the process's figures: every loader's)
+        second = list(loader)
         for epoch in (first, second):
             assert sorted(ids(epoch)) == list(range(N))
             for b in epoch:
                 assert b["image"].dtype == torch.uint8 and b["image"].shape[1:] == (3, SIZE, SIZE)
                 assert (b["label"] == (b["sample_id"] * 7) % 10).all()
         assert ids(first) != ids(second)  # a fresh shuffle an epoch
+        stats = loader.stats()
+        assert stats["samples"] - counted == N and stats["samples_per_second"] > 0
         runs.append((first, second))
     assert same(runs[0][0], runs[1][0]) and same(runs[0][1], runs[1][1])
     # a sample's crop differs from one epoch to the next, and is the same in one epoch

@@ -265,6 +265,7 @@ class LoaderStats:
             "step_seconds": step,
             "stall_share": wait / span if span > 0 else 0.0,
             "batches_per_second": self.batches / span if span > 0 else 0.0,
+            "samples_per_second": self.samples / span if span > 0 else 0.0,
             "tokens_per_second": self.tokens / span if span > 0 else 0.0,
             "ready_batches": self.ready,
             "worker_busy_share": busy / alive if alive > 0 else None,
