@@ -227,3 +227,19 @@ def test_a_users_transform_gets_a_generator_seeded_by_epoch_and_sample(images: P
                 dataset(images, transform=lambda img, rng: np.zeros((5, 5, 3), np.uint8)), 0
             )
         )
+
+
+def test_undecoded_bytes_cross_from_workers_in_fixed_rows(images: Path) -> None:
+    src = stoker.RecordSource(str(images))
+    stored = src.rows(range(N)).column("image").to_pylist()
+    longest = max(map(len, stored))
+    batches = list(stoker.TokenLoader(dataset(images, decode=False, max_bytes=longest), 2))
+    assert sorted(ids(batches)) == list(range(N))
+    for b in batches:
+        assert b["data"].shape[1:] == (longest,) and "image" not in b
+        for j, sid in enumerate(b["sample_id"].tolist()):
+            n = int(b["length"][j])
+            assert bytes(b["data"][j, :n].numpy()) == stored[sid]
+            assert not b["data"][j, n:].any()
+    with pytest.raises(stoker.ImageError, match=rf"bytes, more than max_bytes \({longest - 1}\)"):
+        list(stoker.TokenLoader(dataset(images, decode=False, max_bytes=longest - 1), 0))

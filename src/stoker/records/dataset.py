@@ -44,6 +44,13 @@ class RecordDataset(PlannedDataset):
     the built-in augmentation (``rng``: a numpy Generator seeded the same way).
     Normalisation belongs on the GPU: uint8 crosses the bus.
 
+    ``decode=False`` hands out each image's stored bytes instead, undecoded (for a
+    decoder of one's own, a GPU's for one, or for samples of varying size such as
+    audio): ``data`` (uint8, ``max_bytes`` a row, the bytes first, zeros after) and
+    ``length`` (int64: how many of them are the sample's); fixed-size rows, so they
+    still cross from worker processes in shared memory. A sample longer than
+    ``max_bytes`` is an :class:`~stoker.errors.ImageError` naming it.
+
     ``image_column`` (default: ``image``, else the only binary column) holds the
     encoded bytes (JPEG, PNG, WebP, anything Pillow reads); ``label_column`` (default:
     ``label`` when there is one; ``False``: none) an integer per row.
@@ -74,6 +81,8 @@ class RecordDataset(PlannedDataset):
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         max_pixels: int = MAX_PIXELS,
+        decode: bool = True,
+        max_bytes: int = 1 << 20,
     ) -> None:
         super().__init__()
         if image_size < 1:
@@ -88,6 +97,9 @@ class RecordDataset(PlannedDataset):
         self.label_column = self._label_column(label_column)
         self.image_size, self.augment, self.transform = image_size, augment, transform
         self.max_pixels = max_pixels
+        if max_bytes < 1:
+            raise ConfigError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.decode, self.max_bytes = decode, max_bytes
         self.num_samples = m.num_rows
         self.batch_size = batch_size
         rows = self.source.index["rows"]
@@ -163,7 +175,11 @@ class RecordDataset(PlannedDataset):
     @property
     def layout(self) -> Layout:
         s = self.image_size
-        fields = {"image": Field(torch.uint8, (3, s, s))}
+        fields = (
+            {"image": Field(torch.uint8, (3, s, s))}
+            if self.decode
+            else {"data": Field(torch.uint8, (self.max_bytes,)), "length": Field(torch.int64)}
+        )
         if self.label_column is not None:
             fields["label"] = Field(torch.int64)
         return Layout(fields)
@@ -189,7 +205,15 @@ class RecordDataset(PlannedDataset):
         if data is None:
             raise ImageError(f"column {self.image_column!r} is empty (null)")
         s = self.image_size
-        if self.transform is not None:
+        if not self.decode:
+            n = len(data)
+            if n > self.max_bytes:
+                raise ImageError(f"{n} bytes, more than max_bytes ({self.max_bytes})")
+            row_out = out["data"][i]
+            row_out[:n] = np.frombuffer(data, dtype=np.uint8)
+            row_out[n:] = 0
+            out["length"][i] = n
+        elif self.transform is not None:
             key = int(augment.sample_keys(self.seed, epoch, np.array([sid]))[0])
             rng = np.random.Generator(np.random.Philox(key=key))
             got = self.transform(rgb(open_image(data, self.max_pixels)), rng)
