@@ -152,6 +152,8 @@ class RecordManifest(JSONManifest):
         stats = raw.get("statistics", {})
         if not isinstance(stats, dict):
             raise ManifestError(f"{where}: field 'statistics' must be an object")
+        for name, s in stats.items():
+            _check_stats(s, f"{where}: statistics of {name!r}")
         metadata = raw.get("metadata", {})
         if not isinstance(metadata, dict):
             raise ManifestError(f"{where}: field 'metadata' must be an object")
@@ -206,6 +208,22 @@ class RecordManifest(JSONManifest):
             raise ManifestError(f"{where}: field 'statistics' names unknown columns {unknown}")
 
 
+def _check_stats(raw: Any, where: str) -> None:
+    """A column's statistics: ``nulls`` (and ``bytes``) counts, ``min`` with ``max``."""
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{where}: must be an object, got {type(raw).__name__}")
+    get = Fields(raw, where)
+    get.integer("nulls", minimum=0, default=0)
+    if "bytes" in raw:
+        get.integer("bytes", minimum=0)
+    if ("min" in raw) != ("max" in raw):
+        raise ManifestError(f"{where}: 'min' and 'max' come together")
+    for k in ("min", "max"):
+        v = raw.get(k)
+        if k in raw and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ManifestError(f"{where}: field {k!r} must be a number, got {v!r}")
+
+
 def _column(raw: Any, where: str) -> Column:
     if not isinstance(raw, dict):
         raise ManifestError(f"{where}: a column is {type(raw).__name__}, expected an object")
@@ -230,6 +248,7 @@ def parse_record_index(data: bytes, manifest: RecordManifest, where: str) -> np.
         (index["nbytes"] == 0)
         | (index["nbytes"] > MAX_BLOCK_BYTES)
         | (index["rows"] == 0)
+        | (index["rows"] > np.uint64(m.num_rows))  # (and no sum of them wraps around)
         | (index["offset"] > sizes)
         | (end > sizes)
         | (end < index["offset"])  # (wrapped around)
@@ -243,7 +262,7 @@ def parse_record_index(data: bytes, manifest: RecordManifest, where: str) -> np.
             f"[{int(e['offset'])}, {int(e['offset']) + int(e['nbytes'])}) in {ref.path} "
             f"({ref.bytes} bytes), {int(e['rows'])} rows"
         )
-    total = int(index["rows"].sum(dtype=np.uint64))
+    total = sum(int(r) for r in index["rows"].tolist())
     if total != m.num_rows:
         raise ManifestError(
             f"{where}: the blocks hold {total} rows, the manifest says num_rows {m.num_rows}"

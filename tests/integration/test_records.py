@@ -209,3 +209,78 @@ def test_a_writer_used_as_a_context_aborts_on_error(tmp_path: Path) -> None:
         assert list((tmp_path / "ds").rglob("*.arrow"))  # blocks were written
         raise RuntimeError("boom")
     assert not [p for p in (tmp_path / "ds").rglob("*") if p.is_file()]
+
+
+def test_a_block_whose_offsets_point_outside_it_is_refused(
+    rows: list[dict], tmp_path: Path
+) -> None:
+    """Arrow's reader checks buffer sizes, not the offsets inside them: a block whose
+    checksum was made over forged offsets would hand out other memory (or crash)."""
+    written(rows, tmp_path / "ds")
+    src = stoker.RecordSource(str(tmp_path / "ds"))
+    n = int(src.index[0]["rows"])
+    data = pa.py_buffer(b"abcdefgh")
+    offsets = np.full(n + 1, 8, dtype=np.int32)
+    offsets[:2] = [0, 4000]  # the first image would be 4,000 bytes of whatever lies there
+    image = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), data])
+    names = pa.array(["a"] * n)
+    batch = pa.record_batch([image, pa.array(range(n)), names], schema=src.schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, src.schema) as w:
+        w.write_batch(batch)
+    with pytest.raises(stoker.DatasetError, match="not a valid record batch"):
+        src.decode(0, sink.getvalue())
+
+
+def test_a_bad_value_is_named_and_the_rows_stay_in_step(rows: list[dict], tmp_path: Path) -> None:
+    w = RecordWriter(str(tmp_path / "ds"), SCHEMA)
+    w.add(rows[0])
+    with pytest.raises(stoker.InputError, match=r"row 1, column 'image': expected bytes"):
+        w.add({"image": 7, "label": 1, "name": "n"})
+    w.add(rows[1])  # the refused row left nothing behind
+    w.close()
+    assert stoker.RecordSource(str(tmp_path / "ds")).rows([0, 1]).to_pylist() == rows[:2]
+    strict = pa.schema([("image", pa.binary()), ("label", pa.int64(), False)])
+    table = pa.table({"image": [b"a", b"b", b"c"], "label": [1, None, 3]})
+    with pytest.raises(stoker.InputError, match="row 1: column 'label' is missing"):
+        stoker.write_records([table], str(tmp_path / "t"), schema=strict)
+
+
+def test_a_failure_after_the_manifest_keeps_the_new_dataset(
+    rows: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stoker.storage import Storage
+
+    written(rows[:50], tmp_path / "ds")
+    real = Storage.remove
+
+    def refuse(self: Storage, path: str) -> None:
+        raise PermissionError(f"{path}: read-only")
+
+    monkeypatch.setattr(Storage, "remove", refuse)
+    with pytest.warns(UserWarning, match="was not removed"):
+        written(rows, tmp_path / "ds", overwrite=True)
+    monkeypatch.setattr(Storage, "remove", real)
+    assert stoker.RecordSource(str(tmp_path / "ds")).num_rows == len(rows)  # the new one
+
+
+def test_a_plan_read_to_its_end_fetches_nothing_again(rows: list[dict], tmp_path: Path) -> None:
+    from stoker.records.reader import RecordReader
+
+    written(rows, tmp_path / "ds")
+    ds = stoker.RecordDataset(str(tmp_path / "ds"), image_size=8, batch_size=8)
+    reader = ds.open_reader(0, decoding=1)
+    assert isinstance(reader, RecordReader)
+    fetched: list[int] = []
+    block = reader.source.block
+    reader.source.block = lambda b: (fetched.append(b), block(b))[1]  # type: ignore[method-assign]
+    ids = np.arange(100)
+    reader.plan(ids)
+    out = ds.layout.allocate(100)
+    out["sample_id"][...] = ids
+    for lo in range(0, 100, 10):
+        part = {k: v[lo : lo + 10] for k, v in out.items()}
+        reader.fill(ids[lo : lo + 10], part)
+    reader.close()
+    assert sorted(fetched) == sorted(set(fetched))  # each block once
+    assert set(fetched) == set(reader.source.block_of(ids).tolist())

@@ -113,3 +113,22 @@ def test_the_index_is_checked_against_the_manifest() -> None:
         parse_record_index(good[:-1], m, "ix")
     with pytest.raises(ManifestError, match=r"index index-abc\.bin has"):
         replace(m, index=FileRef("index-abc.bin", 10)).validate()
+
+
+def test_a_forged_row_count_cannot_wrap_the_running_total() -> None:
+    """A block claiming 2^64 - 4 rows beside two honest ones adds up to num_rows modulo
+    2^64: refused, not read as rows in the wrong blocks."""
+    m = manifest(blocks=3, per_file=2, rows=4)
+    forged = index([(0, 400, (1 << 64) - 4, 1), (400, 600, 4, 2), (0, 1000, 4, 3)])
+    with pytest.raises(ManifestError, match="entry of block 0"):
+        parse_record_index(forged, m, "ix")
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [{"label": "x"}, {"label": {"min": 1}}, {"label": {"nulls": "many"}},
+     {"image": {"bytes": "lots"}}, {"label": {"min": "a", "max": 1}}, {"label": {"nulls": -1}}],
+)  # fmt: skip
+def test_malformed_statistics_are_refused_by_name(stats: dict) -> None:
+    with pytest.raises(ManifestError, match="statistics of"):
+        RecordManifest.from_json(edited(statistics=stats))

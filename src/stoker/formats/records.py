@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import math
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -167,12 +168,21 @@ class RecordWriter(DatasetWriter):
                 f"row {self.rows_seen}: columns {sorted(extra)} are not in the schema "
                 f"({self.schema.names})"
             )
-        for name, values in self._columns.items():
+        size = 8 * len(self._columns)
+        for name in self._binary:  # (checked before any value is taken: rows stay in step)
             v = row.get(name)
-            values.append(v)
-            if name in self._binary and v is not None:
-                self._pending_bytes += len(v)
-        self._pending_bytes += 8 * len(self._columns)
+            if isinstance(v, str):
+                size += len(v.encode())
+            elif isinstance(v, (bytes, bytearray, memoryview)):
+                size += len(v)
+            elif v is not None:
+                raise InputError(
+                    f"row {self.rows_seen}, column {name!r}: expected bytes or text, got "
+                    f"{type(v).__name__}"
+                )
+        for name, values in self._columns.items():
+            values.append(row.get(name))
+        self._pending_bytes += size
         self._pending_rows += 1
         self.rows_seen += 1
         if self._pending_bytes >= self.block_bytes or self._pending_rows >= self.block_rows:
@@ -204,6 +214,13 @@ class RecordWriter(DatasetWriter):
                 raise InputError(
                     f"rows {self.rows_seen}..{self.rows_seen + table.num_rows}: column "
                     f"{f.name!r} is {got}, the schema's is {f.type}"
+                )
+        for f in self.schema:
+            col = table.column(f.name)
+            if not f.nullable and col.null_count:
+                at = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                raise InputError(
+                    f"row {self.rows_seen + at}: column {f.name!r} is missing (not nullable)"
                 )
         table = table.select(self.schema.names).cast(self.schema)
         start = 0
@@ -296,7 +313,7 @@ class RecordWriter(DatasetWriter):
             if pa.types.is_integer(t) or pa.types.is_floating(t):
                 mm = pc.min_max(col)
                 lo, hi = mm["min"].as_py(), mm["max"].as_py()
-                if lo is not None:
+                if lo is not None and math.isfinite(lo) and math.isfinite(hi):  # (JSON has no NaN)
                     s["min"] = lo if s.get("min") is None else min(s["min"], lo)
                     s["max"] = hi if s.get("max") is None else max(s["max"], hi)
             elif f.name in self._binary:
@@ -349,6 +366,7 @@ class RecordWriter(DatasetWriter):
         ).sealed()
         manifest.validate()
         st.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
+        self._committed = True
         self._remove_old(manifest)
         return manifest
 
@@ -357,9 +375,9 @@ class RecordWriter(DatasetWriter):
         if old is None:
             return
         keep = {f.path for f in new.files} | {new.index.path}
-        for path in [f.path for f in old.files] + [old.index.path]:
-            if path not in keep:
-                self.storage.remove(path)
+        self._remove_quietly(
+            [p for p in [f.path for f in old.files] + [old.index.path] if p not in keep]
+        )
 
 
 def write_records(
@@ -418,7 +436,7 @@ class RecordSource:
         where = self.storage.url_of(MANIFEST_NAME)
         try:
             self.schema = pa.ipc.read_schema(pa.py_buffer(m.schema_bytes))
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:
             raise ManifestError(f"{where}: field 'schema' is not an Arrow schema ({exc})") from exc
         spelled = [(f.name, str(f.type), f.nullable) for f in self.schema]
         if spelled != [(c.name, c.type, c.nullable) for c in m.columns]:
@@ -480,7 +498,7 @@ class RecordSource:
         try:
             reader = pa.ipc.open_stream(pa.py_buffer(data))
             batches = list(reader)
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:  # (a forged buffer length: MemoryError)
             raise DatasetError(f"{where} is not an Arrow IPC stream ({exc})") from exc
         if not reader.schema.equals(self.schema):
             raise DatasetError(f"{where} has the schema {reader.schema}, not the dataset's")
@@ -491,6 +509,10 @@ class RecordSource:
                 f"{where} holds {len(batches)} record batches of {got} rows, the index says "
                 f"one of {rows}"
             )
+        try:  # every offset inside its buffer: the checksum covers bytes, not their sense
+            batches[0].validate(full=True)
+        except pa.ArrowException as exc:
+            raise DatasetError(f"{where} is not a valid record batch ({exc})") from exc
         return batches[0]
 
     def block(self, block: int) -> pa.RecordBatch:

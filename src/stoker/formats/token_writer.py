@@ -308,6 +308,7 @@ class TokenWriter(DatasetWriter):
         manifest = manifest.sealed()
         manifest.validate()
         st.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
+        self._committed = True
         self._remove_old(manifest)
         return manifest
 
@@ -321,9 +322,7 @@ class TokenWriter(DatasetWriter):
             paths.append(old.compression.dictionary.path)
         if old.tokenizer is not None and old.tokenizer.path is not None:
             paths.append(old.tokenizer.path)
-        for path in paths:
-            if path not in keep:
-                self.storage.remove(path)
+        self._remove_quietly([p for p in paths if p not in keep])
 
     def _stop(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from stoker.manifest import FileRef
@@ -25,6 +26,7 @@ class DatasetWriter:
         self._file_pos = 0
         self._written: list[str] = []  # every file this write made, for abort()
         self._closed = False
+        self._committed = False  # the manifest is written: the dataset is the new one
 
     def close(self) -> Any:
         raise NotImplementedError
@@ -56,11 +58,26 @@ class DatasetWriter:
         except Exception:
             pass
         self._file = None
+        if self._committed:  # (a failure after the manifest: the new dataset stands)
+            return
         for path in self._written:
             try:
                 self.storage.remove(path)
             except Exception:
                 pass
+
+    def _remove_quietly(self, paths: list[str]) -> None:
+        """Remove the previous dataset's files once the new manifest is written; one that
+        cannot be removed is left, with a warning (the new dataset does not need it)."""
+        for path in paths:
+            try:
+                self.storage.remove(path)
+            except Exception as exc:
+                warnings.warn(
+                    f"{self.storage.url_of(path)}: a file of the dataset this write replaced "
+                    f"was not removed ({exc}); it is no longer read",
+                    stacklevel=3,
+                )
 
     def __enter__(self) -> Any:
         return self

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 import warnings
 from typing import Any
 
@@ -36,12 +37,17 @@ def _pil() -> Any:
     return Image
 
 
+#: (``warnings.catch_warnings`` changes the process's filters: one decode thread at a time)
+_WARNINGS = threading.Lock()
+
+
 def open_image(data: bytes, max_pixels: int = MAX_PIXELS) -> Any:
     """The image in ``data``, its header read (not yet decoded); ImageError if it is not
-    an image or is larger than ``max_pixels``."""
+    an image or is larger than ``max_pixels`` (or than Pillow's own limit, twice
+    ``PIL.Image.MAX_IMAGE_PIXELS``)."""
     Image = _pil()
     try:
-        with warnings.catch_warnings():
+        with _WARNINGS, warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:
@@ -67,12 +73,16 @@ def rgb(img: Any) -> Any:
     mode = img.mode
     if mode == "RGB":
         return img
-    if mode in _SIXTEEN:
-        a = np.asarray(img)
-        a = (a >> 8) if a.dtype.itemsize == 2 and mode != "I" else np.clip(a >> 8, 0, 255)
-        return Image.fromarray(a.astype(np.uint8), "L").convert("RGB")
+    if mode in _SIXTEEN:  # 16-bit (or 32-bit integer) gray: its top 8 bits of 16
+        a = np.asarray(img).astype(np.int64)
+        eight = mode == "I" and a.size and int(a.max()) <= 255  # 8-bit values in 32 bits
+        b = a if eight else np.clip(a >> 8, 0, 255)
+        return Image.fromarray(b.astype(np.uint8), "L").convert("RGB")
     if mode in ("L", "LA", "P", "PA", "RGBA", "RGBX", "CMYK", "YCbCr", "1", "La", "RGBa"):
-        return img.convert("RGB")
+        try:
+            return img.convert("RGB")
+        except Exception as exc:
+            raise ImageError(f"mode {mode!r} does not convert to RGB ({exc})") from exc
     raise ImageError(f"mode {mode!r} is not converted to RGB (3 x 8-bit channels)")
 
 

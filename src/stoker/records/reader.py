@@ -5,8 +5,8 @@ takes next (its plan), fetches the blocks they lie in ahead of their first use (
 range request each, on I/O threads, as Arrow record batches), keeps a block while the
 plan still needs it, and makes each batch's samples on decode threads (Pillow lets go
 of the interpreter lock while it decodes and resizes, so a batch's images decode on
-every core the threads are given). What a sample becomes is the dataset's
-:class:`Pipeline`: a function of its row, its epoch and its id alone.
+every core the threads are given). What a sample becomes is the dataset's ``make``: a
+function of its row, its epoch and its id alone.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from stoker.errors import DatasetError
 from stoker.formats.records import RecordSource
-from stoker.loader.batch import SAMPLE_ID, Layout
+from stoker.loader.batch import Layout
 
 #: Makes one sample's fields from its row: ``(row, epoch, sample id, out, i)`` writes
 #: row ``i`` of every field of ``out``.
@@ -30,8 +30,9 @@ Make = Callable[[dict[str, Any], int, int, dict[str, np.ndarray], int], None]
 class RecordReader:
     """Rows of a records dataset by sample id (its row number), made by ``make``.
 
-    ``columns``: the columns ``make`` reads; ``ahead``: blocks fetched ahead of the next
-    sample's; ``decoding``: samples made at once."""
+    ``columns``: the columns ``make`` reads; ``horizon``: the samples it asks to be
+    planned ahead; ``ahead``: blocks fetched ahead of the next sample's; ``decoding``:
+    samples made at once."""
 
     def __init__(
         self,
@@ -76,10 +77,10 @@ class RecordReader:
 
     def _fetch_ahead(self) -> None:
         """Start fetching the next ``ahead`` blocks of the plan not fetched yet."""
-        if not len(self._order):
-            return
-        now = self._bseq[self._pos] if self._pos < len(self._bseq) else self._order[-1]
-        at = int(np.flatnonzero(self._order == now)[0]) if self._pos < len(self._bseq) else 0
+        if self._pos >= len(self._bseq):
+            return  # the plan is read: nothing ahead (its first blocks are not fetched again)
+        now = self._bseq[self._pos]
+        at = int(np.flatnonzero(self._order == now)[0])
         for b in self._order[at : at + self._ahead].tolist():
             if b not in self._blocks:
                 self._blocks[b] = self._pool().submit(self.source.block, b)
@@ -115,11 +116,15 @@ class RecordReader:
             row = {c: col[r].as_py() for c, col in columns[b].items()}
             try:
                 self.make(row, epoch, int(ids[i]), out, i)
-            except DatasetError as exc:
+            except Exception as exc:
                 ref = self.source.manifest.block_file(b)
-                raise type(exc)(
-                    f"{self.source.storage.url_of(ref.path)}: row {int(ids[i])} (block {b}): {exc}"
-                ) from exc
+                where = f"{self.source.storage.url_of(ref.path)}: row {int(ids[i])} (block {b})"
+                if isinstance(exc, DatasetError):
+                    raise type(exc)(f"{where}: {exc}") from exc
+                note = getattr(exc, "add_note", None)  # (Python 3.11 and later)
+                if note is not None:  # a user's transform failed: its own error, named
+                    note(f"(making {where})")
+                raise
 
         if n > 1 and self._decoding > 1:
             for f in [self._workers().submit(one, i) for i in range(n)]:
@@ -148,8 +153,3 @@ class RecordReader:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         self._io = self._work = None
-
-
-def fields_of(layout: Layout) -> list[str]:
-    """The layout's fields a reader fills (``sample_id`` is filled before it)."""
-    return [k for k in layout if k != SAMPLE_ID]
