@@ -115,7 +115,7 @@ def test_a_jpeg_is_decoded_at_a_reduced_size_when_the_output_is_smaller() -> Non
     img = open_image(data)
     img.draft("RGB", (100, 100))
     assert img.size == (100, 100)  # libjpeg's 1/8 scale: what decode_region asks for
-    small = decode_region(data, (50, 50), whole).transpose(1, 2, 0)
+    small = decode_region(data, (50, 50), whole, decoder="pillow").transpose(1, 2, 0)
     reduced = Image.open(io.BytesIO(data))
     reduced.draft("RGB", (50, 50))  # 1/8: still at least 50 x 50
     want = np.asarray(reduced.convert("RGB").resize((50, 50), Image.Resampling.BILINEAR))
@@ -123,6 +123,27 @@ def test_a_jpeg_is_decoded_at_a_reduced_size_when_the_output_is_smaller() -> Non
                       Image.Resampling.BILINEAR))  # fmt: skip
     assert (small == want).all() and not (small == full).all()  # the reduced decode's pixels
     assert np.abs(small.astype(int) - full.astype(int)).mean() < 40  # and still the image
+    # OpenCV's reduced decode and resize: the same picture to within a few levels
+    fast = decode_region(data, (50, 50), whole, decoder="opencv").transpose(1, 2, 0)
+    assert np.abs(fast.astype(int) - small.astype(int)).mean() < 8
+
+
+def test_opencv_and_pillow_give_the_same_crop() -> None:
+    y, x = np.mgrid[0:300, 0:400]
+    a = np.stack([x % 256, y % 256, (x // 3 + y // 2) % 256], axis=-1).astype(np.uint8)
+    data = encoded(a, "JPEG", quality=92)
+    u = augment.uniforms(augment.sample_keys(1, 2, np.arange(20)))
+    for uu in u:
+        box = lambda w, h, uu=uu: augment.crop_box(uu, w, h)  # noqa: E731
+        flip = augment.flipped(uu)
+        cv = decode_region(data, (64, 64), box, flip, decoder="opencv").astype(int)
+        pil = decode_region(data, (64, 64), box, flip, decoder="pillow").astype(int)
+        assert np.abs(cv - pil).mean() < 6  # the same region, the same way round
+    gray = encoded(a[..., 0], "JPEG")
+    assert decode_region(gray, (16, 16), whole, decoder="opencv").shape == (3, 16, 16)
+    cut = data[: len(data) // 2]  # no end marker: Pillow's decode, which names it
+    with pytest.raises(ImageError, match="does not decode"):
+        decode_region(cut, (8, 8), whole)
 
 
 def test_flip_mirrors_the_output() -> None:
