@@ -151,3 +151,34 @@ def test_mixture_bench_quick_keeps_the_shares() -> None:
     assert all(v > 0 for v in out["median_tok_s"].values())
     # the resumed process was given the state: it read from 40% on, not from the start
     assert out["state_batches"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_image_corpus_quick_is_deterministic_and_builds_records(tmp_path: Path) -> None:
+    # the photographs come from .venv-images and unpacked .debs; where neither is on
+    # this machine the script exits 3 (--no-download: nothing is fetched here)
+    digests = []
+    for out in (tmp_path / "a", tmp_path / "b"):
+        result = subprocess.run(
+            [sys.executable, "benchmarks/image_corpus.py", "--quick", "--no-download",
+             "--out", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+        if result.returncode == 3:
+            pytest.skip("no source photographs here (.venv-images, benchmarks/.work/images-debs)")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        corpus = json.loads((out / "corpus.json").read_text())
+        assert corpus["images"] == 500
+        assert len(corpus["classes"]) == len(corpus["recipe"]["sources"]) >= 1
+        assert all(s["version"] and s["sha256"] for s in corpus["recipe"]["sources"])
+        assert 100 < corpus["width_median"] < 1000 and corpus["bytes_mean"] > 5000
+        digests.append(corpus["digest"])
+    assert digests[0] == digests[1]  # the same seed makes the same files
+
+    import stoker
+
+    src = stoker.RecordSource(str(tmp_path / "a" / "records"))
+    assert src.num_rows == 500
