@@ -16,7 +16,7 @@ decoding where the crop allows it), times the cores.
     python benchmarks/images_bench.py [--quick] [--rounds 3] [--images 4096]
 
 writes docs/benchmarks.md's "Images" section (not with ``--quick``) and
-``benchmarks/.work/images/results[-quick].json``.
+``benchmarks/.work/images/bench[-quick].json``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def corpus(quick: bool) -> tuple[Path, Path]:
     """The ImageFolder tree and its records dataset (made by image_corpus.py)."""
-    base = WORK / ("quick" if quick else "")
+    base = BENCH / ".work" / ("images-quick" if quick else "images")
     folder, records = base / "folder", base / "records"
     if not (records / "manifest.json").exists():
         cmd = [sys.executable, str(BENCH / "image_corpus.py")] + (["--quick"] if quick else [])
@@ -182,7 +182,8 @@ def main() -> int:
         "runs": results,
         "seconds": time.perf_counter() - t_start,
     }
-    (WORK / f"results{'-quick' if args.quick else ''}.json").write_text(json.dumps(out, indent=1))
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / f"bench{'-quick' if args.quick else ''}.json").write_text(json.dumps(out, indent=1))
     for k, v in med.items():
         print(f"{k}: {v:.0f} images/s")
     print(
@@ -191,6 +192,10 @@ def main() -> int:
     if not args.quick:
         replace_section(ROOT / "docs" / "benchmarks.md", HEADING, render(out, peers))
     return 0
+
+
+def _share(res: dict[str, Any], nw: int) -> float:
+    return float(res["median_images_s"][f"stoker local nw{nw}"] / res["decode_limit"])
 
 
 def render(res: dict[str, Any], peers: bool) -> str:
@@ -228,6 +233,20 @@ def render(res: dict[str, Any], peers: bool) -> str:
                 f"Decode limit of this machine: {res['decode_limit']:.0f} images/s (one core "
                 "decoding and cropping as stoker does, times the cores)."
                 + ("" if peers else " torchvision was not measured: .venv-peers is missing."),
+                "",
+                "Reading: stoker decodes a JPEG with OpenCV (at a reduced size where the crop "
+                "allows) and crops and resizes with OpenCV; torchvision decodes the whole "
+                "image with Pillow and resizes with Pillow's antialiased BILINEAR (docs/"
+                'benchmarks.md, "JPEG decoders": the resize is most of its time). At '
+                "num_workers 0 stoker makes a batch on two decode threads in the process, "
+                f"torchvision on none. stoker reaches {_share(res, 0):.2f} / "
+                f"{_share(res, 2):.2f} of the decode limit at num_workers 0 / 2; the rest "
+                "(each sample's header read under one lock, its crop keys, the Python around "
+                "the decode, the copy out of the slots with workers) is not profiled yet. The "
+                "corpus's JPEGs are smaller than ImageNet's (benchmarks/image_corpus.py), so "
+                "decoding is lighter here than there. Not measured yet: WebDataset, LitData, "
+                "MosaicML Streaming and DALI's CPU pipeline; an epoch through the node agent; "
+                "memory across local processes.",
             ]
         )
         + "\n"
