@@ -61,6 +61,12 @@ def _arrow() -> Any:
     return pyarrow
 
 
+def _read_options() -> Any:
+    """Arrow's IPC read options: no threads of Arrow's own (a block is small, and the
+    reader's threads are the parallelism)."""
+    return _arrow().ipc.IpcReadOptions(use_threads=False)
+
+
 def as_schema(schema: Any) -> pa.Schema:
     """An Arrow schema from a ``pyarrow.Schema`` or a mapping of column name to an Arrow
     type or its name (``"binary"``, ``"int64"``, ``"string"``, ``"float32"``, ...)."""
@@ -496,7 +502,7 @@ class RecordSource:
         ref = self.manifest.block_file(block)
         where = f"{self.storage.url_of(ref.path)}: block {block}"
         try:
-            reader = pa.ipc.open_stream(pa.py_buffer(data))
+            reader = pa.ipc.open_stream(pa.py_buffer(data), options=_read_options())
             batches = list(reader)
         except (pa.ArrowException, OSError) as exc:  # (a forged buffer length: MemoryError)
             raise DatasetError(f"{where} is not an Arrow IPC stream ({exc})") from exc

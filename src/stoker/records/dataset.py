@@ -194,7 +194,7 @@ class RecordDataset(PlannedDataset):
 
     def open_reader(self, epoch: int = 0, decoding: int | None = None) -> RecordReader:
         if self.decoder != "pillow":
-            _cv2()  # (OpenCV imported on a decode thread aborted some processes' exits)
+            _cv2()  # (imported on the consumer's thread, before its decode threads use it)
         columns = [self.image_column] + ([self.label_column] if self.label_column else [])
         assert self.shuffle_config.shard_size is not None  # (resolved)
         horizon = max(_HORIZON, 8 * self.shuffle_config.shard_size)
