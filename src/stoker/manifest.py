@@ -21,7 +21,7 @@ import json
 import re
 import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import xxhash
@@ -119,12 +119,40 @@ class JSONManifest:
             raise ManifestError(f"{where}: expected a JSON object, got {type(raw).__name__}")
         return cls.from_dict(raw, where)
 
+    #: Fields that do not change how the data is read (outside ``decode_xxh64``).
+    informational: ClassVar[tuple[str, ...]] = ()
+
     @classmethod
     def from_dict(cls: type[_M], raw: dict[str, Any], where: str = "manifest.json") -> _M:
         raise NotImplementedError
 
+    def read_fields(self) -> dict[str, Any]:
+        """The fields that say how the data is found and read (all but
+        :attr:`informational`)."""
+        raw = asdict(self)  # type: ignore[call-overload]
+        for name in self.informational:
+            raw.pop(name, None)
+        return dict(raw)
+
     def decode_digest(self) -> str:
-        raise NotImplementedError
+        """xxh64 (hex) of :meth:`read_fields`: block checksums cover the data's bytes,
+        this covers how they are read."""
+        text = json.dumps(self.read_fields(), sort_keys=True, separators=(",", ":"))
+        return f"{xxhash.xxh64_intdigest(text.encode()):016x}"
+
+    @staticmethod
+    def check_format(raw: dict[str, Any], where: str, fmt: str, version: int) -> None:
+        """The manifest's ``format`` is ``fmt`` (else ManifestError) and its
+        ``format_version`` is ``version`` (else UnsupportedFormatError)."""
+        if raw.get("format") != fmt:
+            raise ManifestError(
+                f"{where}: field 'format' is {raw.get('format')!r}, expected {fmt!r}"
+            )
+        if raw.get("format_version") != version:
+            raise UnsupportedFormatError(
+                f"{where}: format_version {raw.get('format_version')!r} is not supported by "
+                f"this stoker (it reads version {version}); upgrade stoker or rewrite the dataset"
+            )
 
     def check_seal(self, where: str, covers: str) -> None:
         """Raise ManifestError when the manifest has a ``decode_xxh64`` that its fields
@@ -196,19 +224,16 @@ class Manifest(JSONManifest):
         """Blocks that hold tokens ``[start, stop)``."""
         return range(start // self.block_tokens, -(-stop // self.block_tokens))
 
-    def decode_digest(self) -> str:
-        """xxh64 (hex) of every field that changes how blocks are found and decoded:
-        geometry, dtype, vocabulary, codec settings, files, index and dictionary (not
-        the informational ones: tokenizer, sizes, dates, writer, compression level).
-        Block checksums cover the bytes of the data; this covers how they are read."""
-        raw = asdict(self)
-        for name in _INFORMATIONAL:
-            raw.pop(name, None)
+    informational = _INFORMATIONAL
+
+    def read_fields(self) -> dict[str, Any]:
+        """Geometry, dtype, vocabulary, files, index, codec, byte shuffle and dictionary
+        (not the tokenizer, sizes, dates, writer, compression level)."""
+        raw = super().read_fields()
         comp = raw["compression"]
         raw["compression"] = {"codec": comp["codec"], "shuffle": comp["shuffle"],
                               "dictionary": comp["dictionary"]}  # fmt: skip
-        text = json.dumps(raw, sort_keys=True, separators=(",", ":"))
-        return f"{xxhash.xxh64_intdigest(text.encode()):016x}"
+        return raw
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "manifest.json") -> Manifest:
@@ -218,14 +243,7 @@ class Manifest(JSONManifest):
                 f"{where}: a records dataset (format 'stoker-records'), not a token dataset: "
                 "read it with stoker.RecordSource"
             )
-        if fmt != FORMAT:
-            raise ManifestError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}")
-        version = raw.get("format_version")
-        if version != FORMAT_VERSION:
-            raise UnsupportedFormatError(
-                f"{where}: format_version {version!r} is not supported by this stoker "
-                f"(it reads version {FORMAT_VERSION}); upgrade stoker or rewrite the dataset"
-            )
+        cls.check_format(raw, where, FORMAT, FORMAT_VERSION)
         get = Fields(raw, where)
         dtype = get.text("dtype")
         if dtype not in _DTYPES:

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import xxhash
 
-from stoker.errors import ManifestError, UnsupportedFormatError
+from stoker.errors import ManifestError
 from stoker.manifest import SEGMENT, Fields, FileRef, JSONManifest, file_ref
 
 FORMAT = "stoker-records"
@@ -111,27 +109,11 @@ class RecordManifest(JSONManifest):
             raise IndexError(f"block {block} out of range [0, {self.num_blocks})")
         return self.files[block // self.blocks_per_file]
 
-    def decode_digest(self) -> str:
-        """xxh64 (hex) of every field that says how the blocks are found and read (the
-        schema, rows, files, index, compression): block checksums cover the data's
-        bytes, this covers how they are read."""
-        raw = asdict(self)
-        for name in _INFORMATIONAL:
-            raw.pop(name, None)
-        text = json.dumps(raw, sort_keys=True, separators=(",", ":"))
-        return f"{xxhash.xxh64_intdigest(text.encode()):016x}"
+    informational = _INFORMATIONAL
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "manifest.json") -> RecordManifest:
-        fmt = raw.get("format")
-        if fmt != FORMAT:
-            raise ManifestError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}")
-        version = raw.get("format_version")
-        if version != FORMAT_VERSION:
-            raise UnsupportedFormatError(
-                f"{where}: format_version {version!r} is not supported by this stoker "
-                f"(it reads version {FORMAT_VERSION}); upgrade stoker or rewrite the dataset"
-            )
+        cls.check_format(raw, where, FORMAT, FORMAT_VERSION)
         get = Fields(raw, where)
         if get.text("kind", default=KIND) != KIND:
             raise ManifestError(f"{where}: field 'kind' is {raw['kind']!r}, expected {KIND!r}")

@@ -6,7 +6,7 @@ import argparse
 import io
 from typing import Any
 
-from stoker.cli.tokens import _size, _storage_options, print_skipped
+from stoker.cli.common import Bar, print_skipped, size, storage_options
 
 
 def describe_value(value: Any) -> str:
@@ -18,16 +18,16 @@ def describe_value(value: Any) -> str:
         try:
             from PIL import Image
         except ImportError:
-            return f"{_size(len(data))} of bytes (pip install pillow to see an image decoded)"
+            return f"{size(len(data))} of bytes (pip install pillow to see an image decoded)"
         try:
             with Image.open(io.BytesIO(data)) as img:
                 img.load()
                 return (
                     f"{img.format} image, {img.width} x {img.height} {img.mode}, "
-                    f"{_size(len(data))} (decoded)"
+                    f"{size(len(data))} (decoded)"
                 )
         except Exception:  # not an image Pillow reads: bytes, then
-            return f"{_size(len(data))} of bytes"
+            return f"{size(len(data))} of bytes"
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
@@ -35,7 +35,7 @@ def describe_value(value: Any) -> str:
 def inspect_records(args: argparse.Namespace) -> int:
     from stoker.formats.records import RecordSource
 
-    src = RecordSource(args.url, _storage_options(args.storage_options))
+    src = RecordSource(args.url, storage_options(args.storage_options))
     m = src.manifest
     rows = [
         ("dataset", src.url),
@@ -47,9 +47,9 @@ def inspect_records(args: argparse.Namespace) -> int:
         ("rows", f"{m.num_rows:,}"),
         (
             "blocks",
-            f"{m.num_blocks:,} (about {_size(m.block_bytes)} each) in {len(m.files)} file(s)",
+            f"{m.num_blocks:,} (about {size(m.block_bytes)} each) in {len(m.files)} file(s)",
         ),
-        ("bytes", f"{_size(m.data_bytes)} stored, Arrow buffer compression {m.compression}"),
+        ("bytes", f"{size(m.data_bytes)} stored, Arrow buffer compression {m.compression}"),
     ]
     classes = m.metadata.get("classes")
     if isinstance(classes, list) and classes:
@@ -62,7 +62,7 @@ def inspect_records(args: argparse.Namespace) -> int:
         if "min" in stats:
             parts.append(f"{stats['min']}..{stats['max']}")
         if "bytes" in stats:
-            parts.append(f"{_size(stats['bytes'])} in all")
+            parts.append(f"{size(stats['bytes'])} in all")
         if stats.get("nulls"):
             parts.append(f"{stats['nulls']:,} null")
         rows.append((f"column {c.name}", "; ".join(parts)))
@@ -80,21 +80,9 @@ def inspect_records(args: argparse.Namespace) -> int:
 def cmd_build_records(args: argparse.Namespace) -> int:
     from stoker.records.build import build_records
 
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the bar is optional (stoker[build] brings tqdm)
-        tqdm = None
-    bars: list[Any] = []  # made at the first report: the sources are listed, their bytes known
+    bar = Bar(args.quiet, unit="B", unit_scale=True, unit_divisor=1024)  # (sources' bytes)
 
-    def progress(done: int, total: int) -> None:
-        if tqdm is None or args.quiet:
-            return
-        if not bars:
-            bars.append(tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                             dynamic_ncols=True))  # fmt: skip
-        bars[0].update(done - bars[0].n)
-
-    try:
+    with bar:
         stats = build_records(
             args.sources,
             args.out,
@@ -106,18 +94,15 @@ def cmd_build_records(args: argparse.Namespace) -> int:
             check_images=args.check_images,
             block_bytes=args.block_bytes,
             compression=args.compression,
-            storage_options=_storage_options(args.storage_options),
+            storage_options=storage_options(args.storage_options),
             overwrite=args.overwrite,
-            progress=progress,
+            progress=bar,
         )
-    finally:
-        for bar in bars:
-            bar.close()
     m = stats.manifest
     assert m is not None
     print(
         f"wrote {args.out}: {m.num_rows:,} images in {m.num_blocks:,} blocks, "
-        f"{_size(m.data_bytes)} in {stats.seconds:.1f} s "
+        f"{size(m.data_bytes)} in {stats.seconds:.1f} s "
         f"({stats.source_bytes / max(stats.seconds, 1e-9) / 1e6:.1f} MB/s of sources)"
     )
     print_skipped(stats.skipped, stats.errors, "item(s)")

@@ -370,20 +370,9 @@ class RecordWriter(DatasetWriter):
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             writer=f"stoker {__version__}",
         ).sealed()
-        manifest.validate()
-        st.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
-        self._committed = True
-        self._remove_old(manifest)
+        old = [] if self.old is None else [f.path for f in self.old.files] + [self.old.index.path]
+        self._publish(manifest, {f.path for f in manifest.files} | {manifest.index.path}, old)
         return manifest
-
-    def _remove_old(self, new: RecordManifest) -> None:
-        old = self.old
-        if old is None:
-            return
-        keep = {f.path for f in new.files} | {new.index.path}
-        self._remove_quietly(
-            [p for p in [f.path for f in old.files] + [old.index.path] if p not in keep]
-        )
 
 
 def write_records(

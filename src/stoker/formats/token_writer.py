@@ -306,23 +306,21 @@ class TokenWriter(DatasetWriter):
             writer=f"stoker {__version__}",
         )
         manifest = manifest.sealed()
-        manifest.validate()
-        st.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
-        self._committed = True
-        self._remove_old(manifest)
+        self._publish(manifest, {f.path for f in manifest.files} | {manifest.index.path},
+                      self._old_paths())  # fmt: skip
         return manifest
 
-    def _remove_old(self, new: Manifest) -> None:
+    def _old_paths(self) -> list[str]:
+        """The files of the dataset this write replaces."""
         old = self.old
         if old is None:
-            return
-        keep = {f.path for f in new.files} | {new.index.path}
+            return []
         paths = [f.path for f in old.files] + [old.index.path]
         if old.compression.dictionary is not None:
             paths.append(old.compression.dictionary.path)
         if old.tokenizer is not None and old.tokenizer.path is not None:
             paths.append(old.tokenizer.path)
-        self._remove_quietly([p for p in paths if p not in keep])
+        return paths
 
     def _stop(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -18,11 +18,15 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stoker.errors import DatasetError, StorageError
 from stoker.formats.codec import checksum
 from stoker.formats.kinds import open_source
+
+if TYPE_CHECKING:
+    from stoker.formats.records import RecordSource
+    from stoker.formats.tokens import TokenSource
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,13 @@ def verify(
     decode: bool = True,
     workers: int = 4,
     progress: Progress | None = None,
+    source: TokenSource | RecordSource | None = None,
 ) -> VerifyReport:
     """Check every block of the dataset (tokens or records) at ``url`` (see the module's
     docstring).
 
-    ``workers`` blocks are read (and decoded) at a time. Raises what opening the
+    ``workers`` blocks are read (and decoded) at a time; ``source``: the dataset at ``url``
+    already opened (else it is opened here). Raises what opening the
     dataset raises (:class:`~stoker.errors.ManifestError`,
     :class:`~stoker.errors.ChecksumError` for a dictionary, storage errors); a bad
     block is reported in the result, not raised.
@@ -78,7 +84,7 @@ def verify(
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     t0 = time.perf_counter()
-    src = open_source(url, storage_options)
+    src = source if source is not None else open_source(url, storage_options)
     m = src.manifest
     report = VerifyReport(src.url, 0, 0, 0.0, decode)
 

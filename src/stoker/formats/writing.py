@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from stoker.manifest import FileRef
+from stoker.manifest import MANIFEST_NAME, FileRef
 from stoker.storage import Storage
 
 
@@ -66,10 +66,14 @@ class DatasetWriter:
             except Exception:
                 pass
 
-    def _remove_quietly(self, paths: list[str]) -> None:
-        """Remove the previous dataset's files once the new manifest is written; one that
-        cannot be removed is left, with a warning (the new dataset does not need it)."""
-        for path in paths:
+    def _publish(self, manifest: Any, keep: set[str], old: list[str]) -> None:
+        """Write ``manifest`` (checked first), the commit point: from here the dataset is
+        the new one. Then remove the replaced dataset's files ``old`` that the new one
+        does not name (``keep``): one that cannot be removed is left, with a warning."""
+        manifest.validate()
+        self.storage.write_atomic(MANIFEST_NAME, manifest.to_json().encode())
+        self._committed = True
+        for path in [p for p in old if p not in keep]:
             try:
                 self.storage.remove(path)
             except Exception as exc:

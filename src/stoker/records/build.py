@@ -66,7 +66,7 @@ class _Item:
     where: str
     row: dict[str, Any] | None = None
     error: str | None = None
-    done: int = 0  # bytes of the sources behind it (for progress)
+    done: int = 0  # bytes of the sources read up to it, where known (for progress)
 
 
 def kind_of(srcs: Sequence[str]) -> str:
@@ -106,15 +106,17 @@ def _imagefolder(root: str) -> tuple[Iterator[_Item], int, dict[str, Any]]:
     sizes = [os.path.getsize(p) for p, _ in files]
 
     def items() -> Iterator[_Item]:
+        done = 0
         for (path, label), size in zip(files, sizes, strict=True):
             rel = os.path.relpath(path, root)
+            done += size
             try:
                 with open(path, "rb") as f:
                     data = f.read()
             except OSError as exc:
-                yield _Item(path, error=f"cannot be read ({exc})", done=size)
+                yield _Item(path, error=f"cannot be read ({exc})", done=done)
                 continue
-            yield _Item(path, {"image": data, "label": label, "path": rel}, done=size)
+            yield _Item(path, {"image": data, "label": label, "path": rel}, done=done)
 
     return items(), sum(sizes), {"source": "imagefolder", "classes": classes}
 
@@ -313,13 +315,11 @@ def build_records(
         overwrite=overwrite,
         metadata=metadata,
     )
-    done = 0
     with writer:
         for item in items:
-            if item.row is None and item.error is None:  # (a source finished: progress)
-                done = item.done
-                if progress is not None:
-                    progress(done, total)
+            if item.done and progress is not None:
+                progress(item.done, total)
+            if item.row is None and item.error is None:  # (a source finished: progress only)
                 continue
             error = item.error or _problem(item.row, check_images)
             if error is not None:
@@ -332,10 +332,6 @@ def build_records(
                 assert item.row is not None
                 writer.add(item.row)
                 stats.rows += 1
-            if kind == "imagefolder":
-                done += item.done
-                if progress is not None:
-                    progress(done, total)
         if stats.rows == 0:
             raise InputError(
                 f"no images to write to {url}"
