@@ -68,6 +68,26 @@ class TierMachine(RuleBasedStateMachine):
             self.table.ready(key)
             self.ready.add(key)
 
+    @rule(key=key_st, size=hs.integers(1, 120))
+    def settle(self, key: tuple[str, int], size: int) -> None:
+        """A loading entry's real size replaces its estimate (the agent's decoded images)."""
+        if key not in self.sizes or key in self.ready:
+            return
+        evicted = self.table.settle(key, size)
+        if evicted is None:
+            grow = size - self.sizes[key]
+            evictable = sum(
+                s for k, s in self.sizes.items() if k in self.ready and not self.pins.get(k)
+            )
+            assert grow > self.table.capacity - sum(self.sizes.values()) + evictable
+            return
+        for k in evicted:
+            assert k in self.ready and not self.pins.get(k), "settle evicted a held entry"
+            del self.sizes[k]
+            self.ready.discard(k)
+            self.pins.pop(k, None)
+        self.sizes[key] = size
+
     @rule(key=key_st)
     def fail_load(self, key: tuple[str, int]) -> None:
         if key in self.sizes and key not in self.ready:

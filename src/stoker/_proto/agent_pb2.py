@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stoker/_proto/agent.proto\x12\x0fstoker.agent.v1\"\xc5\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x05hello\x18\x02 \x01(\x0b\x32\x16.stoker.agent.v1.HelloH\x00\x12%\n\x04open\x18\x03 \x01(\x0b\x32\x15.stoker.agent.v1.OpenH\x00\x12#\n\x03get\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.GetH\x00\x12+\n\x07release\x18\x05 \x01(\x0b\x32\x18.stoker.agent.v1.ReleaseH\x00\x12%\n\x04plan\x18\x06 \x01(\x0b\x32\x15.stoker.agent.v1.PlanH\x00\x12.\n\x05stats\x18\x07 \x01(\x0b\x32\x1d.stoker.agent.v1.StatsRequestH\x00\x12-\n\x08holdings\x18\x08 \x01(\x0b\x32\x19.stoker.agent.v1.HoldingsH\x00\x42\x06\n\x04kind\"&\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\"E\n\x04Open\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\t\"9\n\x03Get\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\x04\x12\x0f\n\x07release\x18\x03 \x03(\x04\"-\n\x07Release\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"*\n\x04Plan\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"\x0e\n\x0cStatsRequest\"\x1e\n\x08Holdings\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x8a\x02\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_kind\x18\x03 \x01(\t\x12#\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.AckH\x00\x12)\n\x06opened\x18\x05 \x01(\x0b\x32\x17.stoker.agent.v1.OpenedH\x00\x12\'\n\x05\x62lock\x18\x06 \x01(\x0b\x32\x16.stoker.agent.v1.BlockH\x00\x12\'\n\x05stats\x18\x07 \x01(\x0b\x32\x16.stoker.agent.v1.StatsH\x00\x12%\n\x04held\x18\x08 \x01(\x0b\x32\x15.stoker.agent.v1.HeldH\x00\x42\x06\n\x04kind\"\x16\n\x04Held\x12\x0e\n\x06\x62locks\x18\x01 \x03(\x04\"\x05\n\x03\x41\x63k\"\x1c\n\x06Opened\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"E\n\x05\x42lock\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x0e\n\x06record\x18\x03 \x01(\x0c\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\"\x15\n\x05Stats\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stoker/_proto/agent.proto\x12\x0fstoker.agent.v1\"\xc5\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x05hello\x18\x02 \x01(\x0b\x32\x16.stoker.agent.v1.HelloH\x00\x12%\n\x04open\x18\x03 \x01(\x0b\x32\x15.stoker.agent.v1.OpenH\x00\x12#\n\x03get\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.GetH\x00\x12+\n\x07release\x18\x05 \x01(\x0b\x32\x18.stoker.agent.v1.ReleaseH\x00\x12%\n\x04plan\x18\x06 \x01(\x0b\x32\x15.stoker.agent.v1.PlanH\x00\x12.\n\x05stats\x18\x07 \x01(\x0b\x32\x1d.stoker.agent.v1.StatsRequestH\x00\x12-\n\x08holdings\x18\x08 \x01(\x0b\x32\x19.stoker.agent.v1.HoldingsH\x00\x42\x06\n\x04kind\"&\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\"X\n\x04Open\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\t\x12\x11\n\tview_json\x18\x04 \x01(\t\"9\n\x03Get\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\x04\x12\x0f\n\x07release\x18\x03 \x03(\x04\"-\n\x07Release\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"*\n\x04Plan\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"\x0e\n\x0cStatsRequest\"\x1e\n\x08Holdings\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x8a\x02\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_kind\x18\x03 \x01(\t\x12#\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.AckH\x00\x12)\n\x06opened\x18\x05 \x01(\x0b\x32\x17.stoker.agent.v1.OpenedH\x00\x12\'\n\x05\x62lock\x18\x06 \x01(\x0b\x32\x16.stoker.agent.v1.BlockH\x00\x12\'\n\x05stats\x18\x07 \x01(\x0b\x32\x16.stoker.agent.v1.StatsH\x00\x12%\n\x04held\x18\x08 \x01(\x0b\x32\x15.stoker.agent.v1.HeldH\x00\x42\x06\n\x04kind\"\x16\n\x04Held\x12\x0e\n\x06\x62locks\x18\x01 \x03(\x04\"\x05\n\x03\x41\x63k\"\x1c\n\x06Opened\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"E\n\x05\x42lock\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x0e\n\x06record\x18\x03 \x01(\x0c\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\"\x15\n\x05Stats\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,27 +36,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=374
   _globals['_HELLO']._serialized_end=412
   _globals['_OPEN']._serialized_start=414
-  _globals['_OPEN']._serialized_end=483
-  _globals['_GET']._serialized_start=485
-  _globals['_GET']._serialized_end=542
-  _globals['_RELEASE']._serialized_start=544
-  _globals['_RELEASE']._serialized_end=589
-  _globals['_PLAN']._serialized_start=591
-  _globals['_PLAN']._serialized_end=633
-  _globals['_STATSREQUEST']._serialized_start=635
-  _globals['_STATSREQUEST']._serialized_end=649
-  _globals['_HOLDINGS']._serialized_start=651
-  _globals['_HOLDINGS']._serialized_end=681
-  _globals['_RESPONSE']._serialized_start=684
-  _globals['_RESPONSE']._serialized_end=950
-  _globals['_HELD']._serialized_start=952
-  _globals['_HELD']._serialized_end=974
-  _globals['_ACK']._serialized_start=976
-  _globals['_ACK']._serialized_end=981
-  _globals['_OPENED']._serialized_start=983
-  _globals['_OPENED']._serialized_end=1011
-  _globals['_BLOCK']._serialized_start=1013
-  _globals['_BLOCK']._serialized_end=1082
-  _globals['_STATS']._serialized_start=1084
-  _globals['_STATS']._serialized_end=1105
+  _globals['_OPEN']._serialized_end=502
+  _globals['_GET']._serialized_start=504
+  _globals['_GET']._serialized_end=561
+  _globals['_RELEASE']._serialized_start=563
+  _globals['_RELEASE']._serialized_end=608
+  _globals['_PLAN']._serialized_start=610
+  _globals['_PLAN']._serialized_end=652
+  _globals['_STATSREQUEST']._serialized_start=654
+  _globals['_STATSREQUEST']._serialized_end=668
+  _globals['_HOLDINGS']._serialized_start=670
+  _globals['_HOLDINGS']._serialized_end=700
+  _globals['_RESPONSE']._serialized_start=703
+  _globals['_RESPONSE']._serialized_end=969
+  _globals['_HELD']._serialized_start=971
+  _globals['_HELD']._serialized_end=993
+  _globals['_ACK']._serialized_start=995
+  _globals['_ACK']._serialized_end=1000
+  _globals['_OPENED']._serialized_start=1002
+  _globals['_OPENED']._serialized_end=1030
+  _globals['_BLOCK']._serialized_start=1032
+  _globals['_BLOCK']._serialized_end=1101
+  _globals['_STATS']._serialized_start=1103
+  _globals['_STATS']._serialized_end=1124
 # @@protoc_insertion_point(module_scope)

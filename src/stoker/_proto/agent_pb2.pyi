@@ -35,14 +35,16 @@ class Hello(_message.Message):
     def __init__(self, protocol: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("url", "storage_options_json", "dataset_id")
+    __slots__ = ("url", "storage_options_json", "dataset_id", "view_json")
     URL_FIELD_NUMBER: _ClassVar[int]
     STORAGE_OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    VIEW_JSON_FIELD_NUMBER: _ClassVar[int]
     url: str
     storage_options_json: str
     dataset_id: str
-    def __init__(self, url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., dataset_id: _Optional[str] = ...) -> None: ...
+    view_json: str
+    def __init__(self, url: _Optional[str] = ..., storage_options_json: _Optional[str] = ..., dataset_id: _Optional[str] = ..., view_json: _Optional[str] = ...) -> None: ...
 
 class Get(_message.Message):
     __slots__ = ("dataset_id", "block", "release")

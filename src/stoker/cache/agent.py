@@ -35,17 +35,20 @@ from typing import Any
 from stoker import errors
 from stoker._proto import agent_pb2 as pb
 from stoker.cache.config import FRAME_TIMEOUT, MAX_CONNECTIONS, AgentConfig
-from stoker.cache.layout import decoded_size, write_decoded
 from stoker.cache.paths import AgentPaths
 from stoker.cache.remote import RateLimiter, RemoteStorage
 from stoker.cache.server import AgentServer
 from stoker.cache.table import TierTable
 from stoker.cache.tiers import DiskTier, Key
+from stoker.cache.views import HeldImages, RecordBlocks, TokenBlocks
 from stoker.errors import AgentError, AgentRunningError, ConfigError
 from stoker.formats.tokens import TokenSource
 from stoker.observe.agent import AgentCollector, Counters
 
 log = logging.getLogger("stoker.agent")
+#: The memory tier's files (the only names the agent removes there).
+SHM_SUFFIXES = (".tok", ".arrow", ".tmp")
+View = TokenBlocks | RecordBlocks
 
 
 def remove_tree(shm: Path) -> None:
@@ -53,22 +56,10 @@ def remove_tree(shm: Path) -> None:
     if not shm.is_dir():
         return
     for f in shm.iterdir():
-        if f.suffix in (".tok", ".tmp"):
+        if f.suffix in SHM_SUFFIXES:
             f.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         shm.rmdir()
-
-
-class _Dataset:
-    def __init__(self, source: TokenSource) -> None:
-        self.source = source
-        m = source.manifest
-        self.id = m.dataset_id
-        self.itemsize = m.np_dtype.itemsize
-
-    def size(self, block: int) -> int:
-        starts = int(self.source.index[block]["doc_starts"])
-        return decoded_size(self.source.manifest.block_len(block), self.itemsize, starts)
 
 
 class _LaterPuts:
@@ -234,7 +225,7 @@ class Agent:
         self._limiter = RateLimiter(max_rate)
         self._pool = ThreadPoolExecutor(max(1, decode_threads), thread_name_prefix="stoker-agent")
         self._lock = threading.Lock()  # memory table, loads, datasets, clients
-        self._datasets: dict[str, _Dataset] = {}
+        self._datasets: dict[str, View] = {}  # by key
         self._loads: dict[Key, _Load] = {}
         self._next_client = 1
         self._clients: set[int] = set()
@@ -303,7 +294,7 @@ class Agent:
         try:
             if shm.exists():
                 for f in shm.iterdir():  # decoded files of an earlier agent on this directory
-                    if f.suffix in (".tok", ".tmp"):
+                    if f.suffix in SHM_SUFFIXES:
                         f.unlink(missing_ok=True)
             shm.mkdir(mode=0o700, parents=False, exist_ok=True)
         except OSError as exc:
@@ -364,24 +355,39 @@ class Agent:
 
     # -- datasets ----------------------------------------------------------------------
     def _open(self, req: pb.Open) -> str:
+        """Open the dataset at ``req.url`` (a records one as ``req.view_json`` says); the
+        key later requests name it by."""
+        view = None
+        if req.view_json:
+            from stoker.records.held import View as RecordView
+
+            view = RecordView.from_json(req.view_json)
+        key = view.key(req.dataset_id) if view is not None and req.dataset_id else req.dataset_id
         with self._lock:
-            ds = self._datasets.get(req.dataset_id) if req.dataset_id else None
+            ds = self._datasets.get(key) if key else None
         if ds is not None:
-            return ds.id
+            return ds.key
         options = json.loads(req.storage_options_json) if req.storage_options_json else None
         storage = RemoteStorage(req.url, options, self._remote_slots, self._limiter, self.counters)
-        source = TokenSource(req.url, options, cache=self._records, storage=storage)
-        got = source.manifest.dataset_id
+        held: View
+        if view is None:
+            held = TokenBlocks(TokenSource(req.url, options, cache=self._records, storage=storage))
+        else:
+            from stoker.formats.records import RecordSource
+
+            source = RecordSource(req.url, options, storage=storage, cache=self._records)
+            held = (HeldImages if view.hold == "images" else RecordBlocks)(source, view)
+        got = held.id
         if req.dataset_id and got != req.dataset_id:
             raise errors.DatasetError(
                 f"{req.url}: the agent read dataset {got}, the reader expected {req.dataset_id} "
                 "(the dataset was rewritten in between); reopen it"
             )
         with self._lock:
-            self._datasets.setdefault(got, _Dataset(source))
-        return got
+            self._datasets.setdefault(held.key, held)
+        return held.key
 
-    def _dataset(self, dataset_id: str) -> _Dataset:
+    def _dataset(self, dataset_id: str) -> View:
         with self._lock:
             ds = self._datasets.get(dataset_id)
         if ds is None:
@@ -391,12 +397,12 @@ class Agent:
     # -- blocks ------------------------------------------------------------------------
     def _get(self, dataset_id: str, block: int, client: int) -> pb.Block:
         ds = self._dataset(dataset_id)
-        if not 0 <= block < ds.source.manifest.num_blocks:
+        if not 0 <= block < ds.num_blocks:
             raise errors.DatasetError(
-                f"block {block} is outside dataset {dataset_id} ({ds.source.manifest.num_blocks} blocks)"
+                f"block {block} is outside dataset {dataset_id} ({ds.num_blocks} blocks)"
             )
         key = (dataset_id, block)
-        path = self.paths.decoded(dataset_id, block)
+        path = self.paths.decoded(dataset_id, block, ds.suffix)
         counted = False
         while True:
             with self._lock:
@@ -404,9 +410,7 @@ class Agent:
                     self.memory.pin(key, client)
                     if not counted:
                         self.counters.add("memory_hits")
-                    return pb.Block(
-                        path=str(path), tokens=ds.source.manifest.block_len(block), pinned=True
-                    )
+                    return ds.reply(block, path=str(path))
                 load = self._loads.get(key)
                 if load is None:
                     load = self._start_load(ds, block, prefetch=False)
@@ -417,48 +421,53 @@ class Agent:
             record = load.future.result()  # raises the load's error (typed, e.g. ChecksumError)
             if record is not None:
                 self.counters.add("inline_fallbacks")
-                return pb.Block(record=record, tokens=ds.source.manifest.block_len(block))
+                return ds.reply(block, record=record)
             # loaded into the memory tier: pin it on the next pass (unless evicted meanwhile)
 
-    def _start_load(self, ds: _Dataset, block: int, prefetch: bool) -> _Load | None:
+    def _start_load(self, ds: View, block: int, prefetch: bool) -> _Load | None:
         """Reserve room and start loading (call with the lock held).
 
         A prefetch that finds no room (without evicting a block needed sooner)
         starts nothing and returns None; a demand load without room is served
         inline (the reader decodes it).
         """
-        key = (ds.id, block)
+        key = (ds.key, block)
         evicted = (
             self.memory.admit(key, ds.size(block), prefetch=prefetch) if self._shm_ok else None
         )
         if evicted is None and prefetch:
             return None
-        for k in evicted or []:
-            self.paths.decoded(*k).unlink(missing_ok=True)
-            self.counters.add("memory_evictions")
+        self._evicted(evicted or [])
         load = _Load()
         self._loads[key] = load
         self._pool.submit(self._load, ds, block, evicted is not None, load)
         return load
 
-    def _load(self, ds: _Dataset, block: int, reserved: bool, load: _Load) -> None:
+    def _evicted(self, keys: list[Key]) -> None:
+        """Remove the files of evicted entries (call with the lock held)."""
+        for k in keys:
+            held = self._datasets.get(k[0])
+            suffix = held.suffix if held is not None else ".tok"
+            self.paths.decoded(k[0], k[1], suffix).unlink(missing_ok=True)
+            self.counters.add("memory_evictions")
+
+    def _load(self, ds: View, block: int, reserved: bool, load: _Load) -> None:
         with self._records.holding() as pending:
             try:
                 self._load_block(ds, block, reserved, load)
             finally:
                 self._records.flush(pending)  # the record to disk, once readers are answered
 
-    def _load_block(self, ds: _Dataset, block: int, reserved: bool, load: _Load) -> None:
-        key = (ds.id, block)
+    def _load_block(self, ds: View, block: int, reserved: bool, load: _Load) -> None:
+        key = (ds.key, block)
+        path = self.paths.decoded(ds.key, block, ds.suffix)
         try:
             record = ds.source.record(block)
             if not reserved:
                 load.future.set_result(record)  # no room in shared memory: serve it inline
                 return
-            toks, starts = ds.source.decode(block, record)
-            self.counters.add("decodes")
             try:
-                write_decoded(self.paths.decoded(ds.id, block), toks, starts)
+                size = ds.write(block, record, path, self.counters)
             except OSError as exc:
                 self._warn_shm(
                     f"memory tier write to {self.paths.shm} failed ({exc}); readers decode "
@@ -469,7 +478,16 @@ class Agent:
                 load.future.set_result(record)
                 return
             with self._lock:
-                self.memory.ready(key)
+                evicted = self.memory.settle(key, size)
+                if evicted is None:  # (took more than its estimate, and more than there is)
+                    self.memory.remove(key)
+                else:
+                    self._evicted(evicted)
+                    self.memory.ready(key)
+            if evicted is None:
+                path.unlink(missing_ok=True)
+                load.future.set_result(record)
+                return
             load.future.set_result(None)
         except BaseException as exc:
             with self._lock:
@@ -502,13 +520,13 @@ class Agent:
             self.counters.add("prefetches", started)
 
     def holdings(self, dataset_id: str) -> list[int]:
-        """Blocks of ``dataset_id`` held in either tier, ascending."""
+        """Blocks of ``dataset_id`` (a key :meth:`_open` gave) held in either tier, ascending."""
         with self._lock:
             mem = {b for (d, b), e in self.memory.entries.items() if d == dataset_id and e.ready}
+            held = self._datasets.get(dataset_id)
+        stored = held.id if held is not None else dataset_id  # (the disk tier: stored blocks)
         with self.disk._lock:
-            disk = {
-                b for (d, b), e in self.disk.table.entries.items() if d == dataset_id and e.ready
-            }
+            disk = {b for (d, b), e in self.disk.table.entries.items() if d == stored and e.ready}
         return sorted(mem | disk)
 
     # -- stats and metrics -----------------------------------------------------------

@@ -463,14 +463,26 @@ class AgentClient:
         starting.reap()
 
     # -- requests -------------------------------------------------------------------
-    def open(self, url: str, storage_options: dict[str, Any] | None, dataset_id: str) -> None:
+    def open(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None,
+        dataset_id: str,
+        view: Any = None,
+    ) -> str:
+        """Make the dataset known to the agent; the key later requests name it by (a token
+        dataset's id; for a records dataset, its ``view``'s key:
+        :class:`stoker.records.held.View`, how the agent holds it)."""
         op = pb.Open(
             url=url,
             storage_options_json=json.dumps(storage_options) if storage_options else "",
             dataset_id=dataset_id,
+            view_json=view.to_json() if view is not None else "",
         )
+        key = view.key(dataset_id) if view is not None else dataset_id
         self._call(pb.Request(open=op), pb.Response())
-        self._opened[dataset_id] = op  # reopened on every new connection
+        self._opened[key] = op  # reopened on every new connection
+        return key
 
     def get(self, dataset_id: str, block: int) -> pb.Block:
         """Pin ``block`` and say where it is (or carry its record inline). Without an

@@ -44,6 +44,13 @@ def write_decoded(path: Path, toks: np.ndarray, starts: np.ndarray) -> None:
     pad = starts_offset(n, toks.dtype.itemsize) - n * toks.dtype.itemsize
     parts = [p for p in (toks.data.cast("B"), memoryview(_ZEROS)[:pad], offsets.data.cast("B"))
              if len(p)]  # fmt: skip
+    write_parts(path, parts)
+
+
+def write_parts(path: Path, parts: list[memoryview]) -> None:
+    """Write ``parts`` back to back to ``path``, aside and then renamed (``writev``, the
+    interpreter lock released; no joined copy). Raises OSError and leaves nothing behind."""
+    parts = list(parts)
     tmp = path.with_name(path.name + ".tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -12,7 +12,9 @@ one run):
 ``<cache_dir>/agent.spawn``         held (flock) by the reader starting the agent, so the
                                     readers of a machine start one agent, not one each
 ``<cache_dir>/blocks/<id>/<n>.rec`` disk tier: verified compressed block records
-``/dev/shm/stoker-<uid>-<hash>/``   memory tier: decoded blocks, one file each
+``/dev/shm/stoker-<uid>-<hash>/``   memory tier: one file a block (``<key>-<n>.tok``:
+                                    decoded tokens; ``.arrow``: a records block, or its
+                                    images decoded)
 
 The default cache directory is per user (``$STOKER_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``), and the memory tier's
@@ -64,5 +66,6 @@ class AgentPaths:
     def record(self, dataset_id: str, block: int) -> Path:
         return self.blocks / dataset_id / f"{block}.rec"
 
-    def decoded(self, dataset_id: str, block: int) -> Path:
-        return self.shm / f"{dataset_id}-{block}.tok"
+    def decoded(self, key: str, block: int, suffix: str = ".tok") -> Path:
+        """A block's file in the memory tier (``key``: the dataset's, or its view's)."""
+        return self.shm / f"{key}-{block}{suffix}"

@@ -17,8 +17,9 @@ from google.protobuf.message import Message
 from stoker.errors import ProtocolError as ProtocolError  # re-exported: imported from here too
 
 #: Bumped when a message changes meaning; the agent refuses other versions. 2: the
-#: decoded-block file holds document starts as offsets (:mod:`stoker.cache.layout`).
-PROTOCOL_VERSION = 2
+#: decoded-block file holds document starts as offsets (:mod:`stoker.cache.layout`); 3:
+#: records datasets, held as a view (``Open.view_json``).
+PROTOCOL_VERSION = 3
 #: No frame is larger (an inline block record is at most a few MiB).
 MAX_FRAME = 256 << 20
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stoker.errors import ChecksumError, DatasetError, InputError, ManifestError
+from stoker.formats.cache import BlockCache, NullCache
 from stoker.formats.codec import checksum
 from stoker.formats.writing import DatasetWriter
 from stoker.manifest import MANIFEST_NAME, FileRef
@@ -423,9 +424,11 @@ class RecordSource:
         storage_options: dict[str, Any] | None = None,
         storage: Storage | None = None,
         retry: RetryPolicy | None = None,
+        cache: BlockCache | None = None,
     ) -> None:
         pa = _arrow()
         self.storage = storage or Storage(url, storage_options, retry=retry)
+        self.cache: BlockCache = cache if cache is not None else NullCache()
         self.url = self.storage.url
         self.manifest = m = read_record_manifest(self.storage)
         where = self.storage.url_of(MANIFEST_NAME)
@@ -469,10 +472,17 @@ class RecordSource:
         return np.searchsorted(self.first_rows, r, side="right") - 1
 
     def record(self, block: int) -> bytes:
-        """The stored bytes of ``block``, checked against its checksum."""
+        """The stored bytes of ``block``, checked against its checksum: from the cache when
+        it holds them (the node agent's disk tier), else from storage (then cached)."""
         m = self.manifest
         ref = m.block_file(block)
         e = self.index[block]
+        key = f"{m.dataset_id}/{block}"
+        data = self.cache.get(key)
+        if data is not None and len(data) == int(e["nbytes"]) and checksum(data) == int(e["xxh64"]):
+            return data
+        if data is not None:
+            self.cache.discard(key)
         start = int(e["offset"])
         data = self.storage.read_range(ref.path, start, start + int(e["nbytes"]))
         if len(data) != int(e["nbytes"]) or checksum(data) != int(e["xxh64"]):
@@ -482,6 +492,7 @@ class RecordSource:
                 file=ref.path,
                 block=block,
             )
+        self.cache.put(key, data)
         return data
 
     def decode(self, block: int, data: Any) -> pa.RecordBatch:

@@ -28,6 +28,8 @@ class Counters:
         "memory_evictions",
         "disk_evictions",
         "decodes",
+        "images_decoded",
+        "image_errors",
         "prefetches",
         "inline_fallbacks",
         "checksum_refetches",
@@ -123,6 +125,16 @@ class AgentCollector:
             sum_value=s["remote_latency_sum"],
         )
         yield CounterMetricFamily("stoker_agent_decodes", "Blocks decoded", value=s["decodes"])
+        yield CounterMetricFamily(
+            "stoker_agent_images_decoded",
+            "Images of records datasets decoded by the agent (held for every local reader)",
+            value=s.get("images_decoded", 0),
+        )
+        yield CounterMetricFamily(
+            "stoker_agent_image_errors",
+            "Images of records datasets that did not decode (the reader names each)",
+            value=s.get("image_errors", 0),
+        )
         yield CounterMetricFamily(
             "stoker_agent_prefetches",
             "Block loads started ahead of a request",

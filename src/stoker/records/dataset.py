@@ -3,22 +3,38 @@ augmented, with their labels."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from stoker import plan
+from stoker.cache.config import AgentConfig
+from stoker.cache.disk import DiskCache
 from stoker.errors import ConfigError, ImageError
 from stoker.formats.records import RecordSource
 from stoker.loader.arena import decoding_threads
 from stoker.loader.batch import Field, Layout
 from stoker.loader.planned import PlannedDataset
 from stoker.records import augment
-from stoker.records.image import DECODERS, MAX_PIXELS, _cv2, decode_region, open_image, rgb
+from stoker.records.held import HOLDS, View
+from stoker.records.image import (
+    DECODERS,
+    MAX_PIXELS,
+    _cv2,
+    decode_region,
+    open_image,
+    prepare,
+    region,
+    rgb,
+)
 from stoker.records.reader import RecordReader
 from stoker.storage import RetryPolicy
+
+if TYPE_CHECKING:
+    from stoker.cache.client import AgentClient
 
 AUGMENTS = ("train", "eval", "resize")
 #: Rows planned ahead at least (the reader fetches blocks a few ahead of their use).
@@ -55,6 +71,18 @@ class RecordDataset(PlannedDataset):
     still cross from worker processes in shared memory. A sample longer than
     ``max_bytes`` is an :class:`~stoker.errors.ImageError` naming it.
 
+    Through the node agent (``cache=stoker.AgentConfig(directory, ...)``, or
+    ``cache_dir``, or an ``agent``, as for :class:`~stoker.TokenDataset`) every local
+    process reads what one agent holds in shared memory: ``hold="blocks"`` (the default)
+    its stored blocks, fetched once per node; ``hold="images"`` its images decoded, once
+    per node and kept across epochs while the memory tier has room (the random part of
+    the augmentation is then done on the held pixels, each process cropping in place).
+    ``short_side`` resizes each image's short side to that many pixels before anything
+    else (256 for ImageNet's recipe: a quarter of the memory a full-size photograph
+    takes, held). With ``hold="images"`` or a ``short_side``, the samples are the same
+    with or without an agent, and whether the agent had room or not: a process without
+    the agent's pixels decodes and resizes the same way itself.
+
     ``image_column`` (default: ``image``, else the only binary column) holds the
     encoded bytes (JPEG, PNG, WebP, anything Pillow reads); ``label_column`` (default:
     ``label`` when there is one; ``False``: none) an integer per row.
@@ -88,6 +116,11 @@ class RecordDataset(PlannedDataset):
         decode: bool = True,
         max_bytes: int = 1 << 20,
         decoder: str = "auto",
+        cache: AgentConfig | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        agent: AgentClient | bool | None = None,
+        hold: str = "blocks",
+        short_side: int | None = None,
     ) -> None:
         super().__init__()
         if image_size < 1:
@@ -96,7 +129,20 @@ class RecordDataset(PlannedDataset):
             raise ConfigError(f"augment must be one of {list(AUGMENTS)}, got {augment!r}")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        self.source = RecordSource(url, storage_options, retry=retry)
+        if hold not in HOLDS:
+            raise ConfigError(f"hold must be one of {list(HOLDS)}, got {hold!r}")
+        if short_side is not None and short_side < 1:
+            raise ConfigError(f"short_side must be >= 1 (or None), got {short_side}")
+        if not decode and (hold == "images" or short_side is not None):
+            raise ConfigError(
+                "decode=False hands out the stored bytes: it takes neither hold='images' "
+                "nor short_side"
+            )
+        self.agent: AgentClient | None = _agent(cache, cache_dir, agent)
+        disk = (
+            DiskCache(cache_dir, AgentConfig.cache_limit) if agent is False and cache_dir else None
+        )
+        self.source = RecordSource(url, storage_options, retry=retry, cache=disk)
         m = self.source.manifest
         self.image_column = self._image_column(image_column)
         self.label_column = self._label_column(label_column)
@@ -108,6 +154,9 @@ class RecordDataset(PlannedDataset):
         if max_bytes < 1:
             raise ConfigError(f"max_bytes must be >= 1, got {max_bytes}")
         self.decode, self.max_bytes = decode, max_bytes
+        self.hold, self.short_side = hold, short_side
+        #: the image decoded whole (and resized) first, then augmented from its pixels
+        self.prepared = hold == "images" or short_side is not None
         self.num_samples = m.num_rows
         self.batch_size = batch_size
         rows = self.source.index["rows"]
@@ -181,6 +230,22 @@ class RecordDataset(PlannedDataset):
         }
 
     @property
+    def plans_next_epoch(self) -> bool:  # type: ignore[override]
+        """Through a node agent, which keeps what it loads across epochs."""
+        return self.agent is not None
+
+    def view(self) -> View:
+        """How the node agent holds this dataset."""
+        return View(
+            hold=self.hold,
+            image_column=self.image_column,
+            short_side=self.short_side,
+            max_pixels=self.max_pixels,
+            decoder=self.decoder,
+            columns=(self.label_column,) if self.label_column else (),
+        )
+
+    @property
     def layout(self) -> Layout:
         s = self.image_size
         fields = (
@@ -206,16 +271,20 @@ class RecordDataset(PlannedDataset):
             epoch,
             horizon=horizon,
             decoding=decoding_threads() if decoding is None else decoding,
+            agent=self.agent,
+            view=self.view(),
         )
 
     # -- a sample ---------------------------------------------------------------
     def make(self, row: dict[str, Any], epoch: int, sid: int, out: dict[str, Any], i: int) -> None:
         """Row ``i`` of ``out``: sample ``sid``'s image (decoded, augmented) and label."""
-        data = row[self.image_column]
-        if data is None:
-            raise ImageError(f"column {self.image_column!r} is empty (null)")
         s = self.image_size
-        if not self.decode:
+        data = None if self.prepared else row[self.image_column]
+        if self.prepared:
+            self._make_prepared(row, epoch, sid, out["image"], i)
+        elif data is None:
+            raise ImageError(f"column {self.image_column!r} is empty (null)")
+        elif not self.decode:
             n = len(data)
             if n > self.max_bytes:
                 raise ImageError(f"{n} bytes, more than max_bytes ({self.max_bytes})")
@@ -224,24 +293,81 @@ class RecordDataset(PlannedDataset):
             row_out[n:] = 0
             out["length"][i] = n
         elif self.transform is not None:
-            key = int(augment.sample_keys(self.seed, epoch, np.array([sid]))[0])
-            rng = np.random.Generator(np.random.Philox(key=key))
+            rng = _generator(self.seed, epoch, sid)
             got = self.transform(rgb(open_image(data, self.max_pixels)), rng)
             out["image"][i] = _chw(got, s)
         else:
-            u = augment.uniforms(augment.sample_keys(self.seed, epoch, np.array([sid])))[0]
-            if self.augment == "train":
-                box, flip = (lambda w, h: augment.crop_box(u, w, h)), augment.flipped(u)
-            elif self.augment == "eval":
-                box, flip = (lambda w, h: augment.centre_box(w, h, s, round(s / 0.875))), False
-            else:
-                box, flip = (lambda w, h: (0, 0, w, h)), False
+            box, flip = self._box(epoch, sid)
             out["image"][i] = decode_region(data, (s, s), box, flip, self.max_pixels, self.decoder)
         if self.label_column is not None:
             label = row[self.label_column]
             if label is None:
                 raise ImageError(f"column {self.label_column!r} (the label) is missing")
             out["label"][i] = label
+
+    def _box(self, epoch: int, sid: int) -> tuple[Callable[[int, int], Any], bool]:
+        """Sample ``sid``'s crop (a function of the image's width and height) and flip."""
+        s = self.image_size
+        u = augment.uniforms(augment.sample_keys(self.seed, epoch, np.array([sid])))[0]
+        if self.augment == "train":
+            return (lambda w, h: augment.crop_box(u, w, h)), augment.flipped(u)
+        if self.augment == "eval":
+            return (lambda w, h: augment.centre_box(w, h, s, round(s / 0.875))), False
+        return (lambda w, h: (0, 0, w, h)), False
+
+    def _make_prepared(
+        self, row: dict[str, Any], epoch: int, sid: int, out: np.ndarray, i: int
+    ) -> None:
+        """The image from its decoded pixels: the agent's (a held row: ``pixels`` or its
+        ``error``), else decoded here the same way."""
+        if "error" in row:
+            if row["error"] is not None:
+                raise ImageError(row["error"])
+            pixels = row["pixels"]
+        else:
+            data = row[self.image_column]
+            if data is None:
+                raise ImageError(f"column {self.image_column!r} is empty (null)")
+            pixels = prepare(data, self.short_side, self.max_pixels, self.decoder)
+        s = self.image_size
+        if self.transform is not None:
+            from PIL import Image
+
+            got = self.transform(Image.fromarray(pixels, "RGB"), _generator(self.seed, epoch, sid))
+            out[i] = _chw(got, s)
+            return
+        box, flip = self._box(epoch, sid)
+        out[i] = region(pixels, (s, s), box, flip)
+
+
+def _generator(seed: int, epoch: int, sid: int) -> np.random.Generator:
+    """The generator a user's transform is handed for sample ``sid`` of ``epoch``."""
+    key = int(augment.sample_keys(seed, epoch, np.array([sid]))[0])
+    return np.random.Generator(np.random.Philox(key=key))
+
+
+def _agent(
+    cache: AgentConfig | None, cache_dir: str | os.PathLike[str] | None, agent: Any
+) -> AgentClient | None:
+    """The node agent a records dataset reads through, from its keywords (None: none)."""
+    if cache is not None:
+        if not isinstance(cache, AgentConfig):
+            raise ConfigError(f"cache must be a stoker.AgentConfig, got {type(cache).__name__}")
+        if cache_dir is not None or agent is not None:
+            raise ConfigError(
+                "cache=AgentConfig(...) names the agent's directory and limits: give "
+                "neither cache_dir nor agent beside it"
+            )
+        from stoker.cache.client import AgentClient
+
+        return AgentClient(config=cache)
+    if agent is None:
+        agent = cache_dir is not None
+    if agent is True:
+        from stoker.cache.client import AgentClient
+
+        return AgentClient(cache_dir)
+    return agent or None
 
 
 def _chw(value: Any, size: int) -> np.ndarray:

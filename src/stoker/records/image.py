@@ -184,3 +184,80 @@ def _opencv_region(
                    interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)  # fmt: skip
     r = r[:, ::-1, ::-1] if flip else r[:, :, ::-1]  # (BGR to RGB)
     return np.ascontiguousarray(r.transpose(2, 0, 1))
+
+
+def prepare(
+    data: bytes,
+    short_side: int | None = None,
+    max_pixels: int = MAX_PIXELS,
+    decoder: str = "auto",
+) -> np.ndarray:
+    """``data``'s whole image decoded as RGB, its short side resized to ``short_side``
+    when it is longer: a uint8 array of shape ``(height, width, 3)``, what the node agent
+    holds for every local process (the random part of the augmentation is done on it
+    afterwards, by :func:`region`). A JPEG is decoded at a reduced size where its short
+    side stays at least ``short_side`` (libjpeg's DCT scaling); the resize is INTER_AREA
+    (OpenCV) or Pillow's BILINEAR with its reducing filter. Decoders as for
+    :func:`decode_region`."""
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    img = open_image(data, max_pixels)
+    W, H = img.width, img.height
+    target = _short_side_size(W, H, short_side)
+    cv2 = _cv2() if decoder != "pillow" else None
+    whole = data[-2:] == b"\xff\xd9"
+    if cv2 is not None and img.format == "JPEG" and img.mode in ("RGB", "L") and whole:
+        f = next((f for f in (8, 4, 2) if min(W, H) >= f * min(target)), 1)
+        flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
+                 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}  # fmt: skip
+        a = cv2.imdecode(np.frombuffer(data, np.uint8), flags[f] | cv2.IMREAD_IGNORE_ORIENTATION)
+        if a is None:
+            raise ImageError("does not decode (OpenCV)")
+        if (a.shape[1], a.shape[0]) != target:
+            a = cv2.resize(a, target, interpolation=cv2.INTER_AREA)
+        return np.ascontiguousarray(a[:, :, ::-1])  # (BGR to RGB)
+    if decoder == "opencv" and cv2 is None:
+        raise ImportError("decoder='opencv' needs OpenCV: pip install opencv-python-headless")
+    if img.format == "JPEG" and target != (W, H):
+        img.draft("RGB", target)  # (the smallest DCT scale still at least the target)
+    img = rgb(img)
+    if (img.width, img.height) != target:
+        Image = _pil()
+        img = img.resize(target, Image.Resampling.BILINEAR, reducing_gap=None)
+    return np.ascontiguousarray(np.asarray(img))
+
+
+def _short_side_size(width: int, height: int, short_side: int | None) -> tuple[int, int]:
+    """``(width, height)`` scaled so that the short side is ``short_side`` (never enlarged)."""
+    if short_side is None or min(width, height) <= short_side:
+        return width, height
+    if width <= height:
+        return short_side, max(1, round(height * short_side / width))
+    return max(1, round(width * short_side / height)), short_side
+
+
+def region(image: np.ndarray, size: tuple[int, int], box: Any, flip: bool = False) -> np.ndarray:
+    """The region ``box(width, height) -> (left, top, w, h)`` of a decoded image (an
+    ``(height, width, 3)`` uint8 array, from :func:`prepare`) resized to ``size`` (width,
+    height) and flipped left to right when ``flip``: shape ``(3, height, width)``. OpenCV
+    when it is installed (INTER_AREA where a side shrinks twice or more, else
+    INTER_LINEAR), else Pillow (BILINEAR)."""
+    H, W = image.shape[:2]
+    left, top, w, h = box(W, H)
+    out_w, out_h = size
+    crop = image[top : top + h, left : left + w]
+    cv2 = _cv2()
+    if cv2 is not None:
+        shrink = w >= 2 * out_w or h >= 2 * out_h
+        r = cv2.resize(crop, (out_w, out_h),
+                       interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)  # fmt: skip
+    else:
+        Image = _pil()
+        r = np.asarray(
+            Image.fromarray(np.ascontiguousarray(crop)).resize(
+                (out_w, out_h), Image.Resampling.BILINEAR
+            )
+        )
+    if flip:
+        r = r[:, ::-1]
+    return np.ascontiguousarray(r.transpose(2, 0, 1))

@@ -7,6 +7,13 @@ plan still needs it, and makes each batch's samples on decode threads (Pillow le
 of the interpreter lock while it decodes and resizes, so a batch's images decode on
 every core the threads are given). What a sample becomes is the dataset's ``make``: a
 function of its row, its epoch and its id alone.
+
+Through a node agent (``agent``, with a :class:`~stoker.records.held.View`) a block
+comes from the agent's shared memory instead: its stored bytes (one fetch per node)
+or its images decoded (one decode per node), mapped read-only and pinned while the
+plan needs it; the reader sends the agent its plan, so the agent loads blocks ahead
+and keeps what is needed soonest. A block the agent has no room for comes inline, and
+without an answering agent the reader reads storage itself: the samples are the same.
 """
 
 from __future__ import annotations
@@ -21,10 +28,28 @@ import numpy as np
 from stoker.errors import DatasetError
 from stoker.formats.records import RecordSource
 from stoker.loader.batch import Layout
+from stoker.records.held import View, held_rows, map_file, read_held
 
 #: Makes one sample's fields from its row: ``(row, epoch, sample id, out, i)`` writes
 #: row ``i`` of every field of ``out``.
 Make = Callable[[dict[str, Any], int, int, dict[str, np.ndarray], int], None]
+#: A block's row ``r`` as a dict of its columns.
+Rows = Callable[[int], dict[str, Any]]
+
+
+class _Block:
+    """A fetched block: its rows, and whether the agent holds a pin on it for us."""
+
+    __slots__ = ("pinned", "rows")
+
+    def __init__(self, rows: Rows, pinned: bool = False) -> None:
+        self.rows, self.pinned = rows, pinned
+
+
+def stored_rows(batch: Any, columns: list[str]) -> Rows:
+    """Row ``r`` of a stored block: ``columns`` as Python values."""
+    cols = {c: batch.column(c) for c in columns}
+    return lambda r: {c: col[r].as_py() for c, col in cols.items()}
 
 
 class RecordReader:
@@ -45,6 +70,8 @@ class RecordReader:
         horizon: int,
         ahead: int = 4,
         decoding: int = 2,
+        agent: Any = None,
+        view: View | None = None,
     ) -> None:
         self.source, self.layout, self.make = source, layout, make
         self.columns, self.epoch = columns, epoch
@@ -61,6 +88,12 @@ class RecordReader:
         self._last: dict[int, int] = {}  # block -> its last use in the plan
         self._pos = 0
         self._closed = False
+        self.agent = agent
+        self.view = view or View()
+        self._key = ""
+        if agent is not None:
+            m = source.manifest
+            self._key = agent.open(source.url, source.storage.storage_options, m.dataset_id, view)
 
     # -- the plan -----------------------------------------------------------------------
     def plan(self, upcoming: np.ndarray) -> None:
@@ -72,7 +105,9 @@ class RecordReader:
         rev = len(blocks) - 1 - np.unique(blocks[::-1], return_index=True)[1]
         self._last = dict(zip(np.unique(blocks).tolist(), rev.tolist(), strict=True))
         for b in [b for b in self._blocks if b not in self._last]:
-            self._blocks.pop(b).cancel()
+            self._drop(b)
+        if self.agent is not None:
+            self.agent.plan(self._key, self._order.tolist())
         self._fetch_ahead()
 
     def _fetch_ahead(self) -> None:
@@ -83,7 +118,44 @@ class RecordReader:
         at = int(np.flatnonzero(self._order == now)[0])
         for b in self._order[at : at + self._ahead].tolist():
             if b not in self._blocks:
-                self._blocks[b] = self._pool().submit(self.source.block, b)
+                self._blocks[b] = self._pool().submit(self._fetch, b)
+
+    def _fetch(self, b: int) -> _Block:
+        """Block ``b``: through the agent when there is one, else from storage."""
+        if self.agent is not None:
+            got = self.agent.get(self._key, b)
+            if got.path:
+                try:
+                    return _Block(self._mapped(b, got.path), pinned=got.pinned)
+                except BaseException:
+                    if got.pinned:
+                        self.agent.release(self._key, [b])
+                    raise
+            if got.record:  # no room in the agent's memory: its stored bytes, inline
+                return _Block(stored_rows(self.source.decode(b, got.record), self.columns))
+        return _Block(stored_rows(self.source.block(b), self.columns))
+
+    def _mapped(self, b: int, path: str) -> Rows:
+        buffer = map_file(path)
+        if self.view.hold == "images":
+            ref = self.source.manifest.block_file(b)
+            where = f"{self.source.storage.url_of(ref.path)}: block {b}"
+            rows = int(self.source.index[b]["rows"])
+            return held_rows(read_held(buffer, rows, self.view.columns, where), self.view.columns)
+        return stored_rows(self.source.decode(b, buffer), self.columns)
+
+    def _drop(self, b: int) -> None:
+        """Let go of block ``b`` (its pin on the agent too, once its fetch is done)."""
+        f = self._blocks.pop(b)
+        if f.cancel() or self.agent is None:
+            return
+        agent, key = self.agent, self._key
+
+        def release(done: Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None and done.result().pinned:
+                agent.release(key, [b])
+
+        f.add_done_callback(release)
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._io is None:
@@ -105,15 +177,14 @@ class RecordReader:
         blocks = self._bseq[p : p + n]
         for b in np.unique(blocks).tolist():
             if b not in self._blocks:
-                self._blocks[b] = self._pool().submit(self.source.block, b)
-        batches = {b: self._blocks[b].result() for b in np.unique(blocks).tolist()}
+                self._blocks[b] = self._pool().submit(self._fetch, b)
+        got = {b: self._blocks[b].result().rows for b in np.unique(blocks).tolist()}
         local = ids - self.source.first_rows[blocks]
-        columns = {b: {c: batch.column(c) for c in self.columns} for b, batch in batches.items()}
         epoch = self.epoch
 
         def one(i: int) -> None:
             b, r = int(blocks[i]), int(local[i])
-            row = {c: col[r].as_py() for c, col in columns[b].items()}
+            row = got[b](r)
             try:
                 self.make(row, epoch, int(ids[i]), out, i)
             except Exception as exc:
@@ -134,7 +205,7 @@ class RecordReader:
                 one(i)
         self._pos = p + n
         for b in [b for b, last in self._last.items() if last < self._pos and b in self._blocks]:
-            del self._blocks[b]  # the plan needs it no more
+            self._drop(b)  # the plan needs it no more
         self._fetch_ahead()
 
     def _workers(self) -> ThreadPoolExecutor:
@@ -146,10 +217,15 @@ class RecordReader:
         if os.getpid() != self._pid:
             return  # a forked child closing its parent's reader: the threads are the parent's
         self._closed = True
-        for f in self._blocks.values():
-            f.cancel()
-        self._blocks.clear()
+        for b in list(self._blocks):
+            self._drop(b)
         for pool in (self._io, self._work):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         self._io = self._work = None
+        if self.agent is not None:
+            try:
+                self.agent.hand_over(self._key)  # what it read itself while the agent started
+                self.agent.flush_releases()
+            except Exception:  # the agent is gone: its pins went with it
+                pass

@@ -1,0 +1,190 @@
+"""Records through the node agent, a real process, from a real origin (nginx): a block
+fetched once per node, images decoded once per node and not again in the next epoch,
+the same pixels as without the agent (with room or without), a bad image named."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import stoker
+
+from .helpers import photo_jpeg
+from .test_agent import Agents
+
+N, B, SIZE, SHORT = 120, 8, 32, 48
+
+
+@pytest.fixture(autouse=True)
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STOKER_COORDINATOR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def agents():
+    a = Agents()
+    yield a
+    a.close()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(5)
+    rows = [
+        {"image": photo_jpeg(rng, int(rng.integers(50, 130)), int(rng.integers(50, 130))),
+         "label": (i * 3) % 7}
+        for i in range(N)
+    ]  # fmt: skip
+    out = tmp_path_factory.mktemp("held") / "ds"
+    stoker.write_records(rows, str(out), schema={"image": "binary", "label": "int64"},
+                         block_bytes=20_000)  # fmt: skip
+    return out
+
+
+def dataset(url: str, **kw: object) -> stoker.RecordDataset:
+    kw.setdefault("batch_size", B)
+    kw.setdefault("image_size", SIZE)
+    return stoker.RecordDataset(url, seed=11, **kw)  # type: ignore[arg-type]
+
+
+def epochs(ds: stoker.RecordDataset, n: int, nw: int = 0) -> list[list[dict[str, torch.Tensor]]]:
+    loader = stoker.TokenLoader(ds, nw)
+    return [list(loader) for _ in range(n)]
+
+
+def same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
+    return len(a) == len(b) and all(
+        set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )
+
+
+def block_requests(origin) -> Counter[tuple[str, str | None]]:
+    return Counter((r.path, r.range) for r in origin.access_log() if "/data/" in r.path)
+
+
+def test_images_are_decoded_once_per_node_and_not_again_next_epoch(
+    serve_dir, images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    origin, url = serve_dir(images)
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    expect = epochs(dataset(url, hold="images", short_side=SHORT), 2)  # no agent
+    origin.clear_access_log()
+    # two DataLoader-like worker processes of stoker's loader, both through one agent
+    got = epochs(dataset(url, agent=client, hold="images", short_side=SHORT), 2, nw=2)
+    assert same(got[0], expect[0]) and same(got[1], expect[1]), "the agent's pixels differ"
+    assert not same(got[0], got[1])  # (the epochs' crops differ: the comparison can fail)
+    stats = agents.stats(cache)
+    assert stats["images_decoded"] == N  # once for both workers and both epochs
+    assert stats["image_errors"] == 0
+    blocks = stoker.RecordSource(str(images)).num_blocks
+    assert stats["memory_blocks"] == blocks
+    requests = block_requests(origin)
+    assert len(requests) == blocks and set(requests.values()) == {1}
+    assert stats["pinned_blocks"] == 0  # every worker released what it held
+
+
+def test_blocks_are_fetched_once_per_node_and_decoded_by_each_reader(
+    serve_dir, images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    origin, url = serve_dir(images)
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    expect = epochs(dataset(url), 1)[0]
+    origin.clear_access_log()
+    got = epochs(dataset(url, agent=client), 1, nw=2)[0]
+    assert same(got, expect)
+    stats = agents.stats(cache)
+    assert stats["images_decoded"] == 0  # held as stored: each reader decodes
+    blocks = stoker.RecordSource(str(images)).num_blocks
+    assert stats["memory_blocks"] == blocks
+    assert set(block_requests(origin).values()) == {1}
+    assert len(block_requests(origin)) == blocks
+    held = sorted(Path(stoker.cache.paths.AgentPaths(cache).shm).glob("*.arrow"))
+    assert len(held) == blocks
+
+
+def test_a_dataset_started_agent_holds_the_images(
+    images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    cache = tmp_path / "cache"
+    agents.dirs.append(cache)  # (killed at the end: the reader starts it)
+    config = stoker.AgentConfig(str(cache), metrics_port=None)
+    ds = dataset(str(images), cache=config, hold="images")
+    assert ds.agent is not None and ds.agent.config == config
+    agents.own(ds.agent)
+    got = epochs(ds, 2)
+    expect = epochs(dataset(str(images), hold="images"), 2)
+    assert same(got[0], expect[0]) and same(got[1], expect[1])
+    assert agents.stats(cache)["images_decoded"] == N  # (full size: no short side)
+
+
+def test_without_room_the_reader_decodes_the_same_pixels(
+    images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    cache = tmp_path / "cache"
+    agents.start(cache, "--shm-limit", "64")  # smaller than any block's images
+    client = agents.client(cache)
+    with pytest.warns(UserWarning, match="no room in shared memory"):
+        got = epochs(dataset(str(images), agent=client, hold="images", short_side=SHORT), 1)
+    assert same(got[0], epochs(dataset(str(images), hold="images", short_side=SHORT), 1)[0])
+    stats = client.stats()
+    assert stats["memory_blocks"] == 0 and stats["inline_fallbacks"] > 0
+
+
+def test_a_bad_image_held_by_the_agent_is_named(
+    images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    rng = np.random.default_rng(2)
+    rows = [{"image": photo_jpeg(rng, 40, 40), "label": 1} for _ in range(30)]
+    rows[17]["image"] = rows[17]["image"][: len(rows[17]["image"]) // 2]  # truncated
+    rows[4]["image"] = b"this is not an image"
+    bad = tmp_path / "bad"
+    stoker.write_records(rows, str(bad), schema={"image": "binary", "label": "int64"},
+                         block_bytes=5_000)  # fmt: skip
+    src = stoker.RecordSource(str(bad))
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    for hold in ("images", "blocks"):
+        with pytest.raises(stoker.DatasetError) as info:
+            epochs(dataset(str(bad), agent=client, hold=hold, shuffle=False), 1)
+        block = int(src.block_of(np.array([4]))[0])
+        text = str(info.value)
+        assert f"row 4 (block {block})" in text and "not an image" in text
+        assert src.manifest.block_file(block).path in text
+    # the agent kept the row's error, not failed the block: the rest of it decoded
+    assert client.stats()["image_errors"] >= 1
+    assert client.stats()["images_decoded"] >= int(src.index["rows"][block]) - 1
+
+
+def test_an_agents_file_that_lies_about_its_pixels_is_refused(images: Path, tmp_path: Path) -> None:
+    from stoker.records.held import View, prepare_block, read_held, write_batch
+
+    src = stoker.RecordSource(str(images))
+    view = View(hold="images", short_side=SHORT, columns=("label",))
+    held, decoded = prepare_block(src.block(0), view)
+    rows = int(src.index["rows"][0])
+    assert decoded == rows
+    import pyarrow as pa
+
+    cols = held.columns
+    forged = pa.RecordBatch.from_arrays(
+        [cols[0], pa.array(np.asarray(cols[1]) + 1, pa.int32()), *cols[2:]], schema=held.schema
+    )
+    path = tmp_path / "forged.arrow"
+    write_batch(path, forged)
+    with pytest.raises(stoker.DatasetError, match="do not match their sizes"):
+        read_held(pa.py_buffer(path.read_bytes()), rows, ("label",), "block 0")
+    write_batch(path, held)
+    with pytest.raises(stoker.DatasetError, match="does not hold"):
+        read_held(pa.py_buffer(path.read_bytes()), rows + 1, ("label",), "block 0")
+    got = read_held(pa.py_buffer(path.read_bytes()), rows, ("label",), "block 0")
+    assert got.num_rows == rows
