@@ -245,8 +245,8 @@ def render(res: dict[str, Any], peers: bool) -> str:
                 "the decode, the copy out of the slots with workers) is not profiled yet. The "
                 "corpus's JPEGs are smaller than ImageNet's (benchmarks/image_corpus.py), so "
                 "decoding is lighter here than there. Not measured yet: WebDataset, LitData, "
-                "MosaicML Streaming and DALI's CPU pipeline; an epoch through the node agent; "
-                "memory across local processes.",
+                "MosaicML Streaming and DALI's CPU pipeline (epochs through the node agent and "
+                "memory across local processes: the next section, benchmarks/images_agent.py).",
             ]
         )
         + "\n"

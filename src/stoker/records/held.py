@@ -119,7 +119,7 @@ def prepare_block(batch: Any, view: View) -> tuple[Any, int]:
     import pyarrow as pa
 
     images = batch.column(view.image_column)
-    pixels: list[bytes | None] = []
+    pixels: list[np.ndarray] = []
     heights: list[int] = []
     widths: list[int] = []
     problems: list[str | None] = []
@@ -129,18 +129,22 @@ def prepare_block(batch: Any, view: View) -> tuple[Any, int]:
                 raise ImageError(f"column {view.image_column!r} is empty (null)")
             a = prepare(data, view.short_side, view.max_pixels, view.decoder)
         except ImageError as exc:
-            pixels.append(b"")
-            heights.append(0)
-            widths.append(0)
+            a = np.zeros((0, 0, 3), np.uint8)
             problems.append(str(exc))
-            continue
-        pixels.append(a.tobytes())
+        else:
+            problems.append(None)
+        pixels.append(a.reshape(-1))
         heights.append(a.shape[0])
         widths.append(a.shape[1])
-        problems.append(None)
+    offsets = np.zeros(len(pixels) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in pixels], out=offsets[1:])
+    values = np.concatenate(pixels) if pixels else np.zeros(0, np.uint8)  # (one copy)
+    column = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(pixels), [None, pa.py_buffer(offsets), pa.py_buffer(values)]
+    )
     schema = held_schema(batch.schema, view.columns)
     arrays = [
-        pa.array(pixels, pa.large_binary()),
+        column,
         pa.array(heights, pa.int32()),
         pa.array(widths, pa.int32()),
         pa.array(problems, pa.string()),

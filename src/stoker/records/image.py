@@ -196,8 +196,9 @@ def prepare(
     when it is longer: a uint8 array of shape ``(height, width, 3)``, what the node agent
     holds for every local process (the random part of the augmentation is done on it
     afterwards, by :func:`region`). A JPEG is decoded at a reduced size where its short
-    side stays at least ``short_side`` (libjpeg's DCT scaling); the resize is INTER_AREA
-    (OpenCV) or Pillow's BILINEAR with its reducing filter. Decoders as for
+    side stays at least ``short_side`` (libjpeg's DCT scaling); the resize is OpenCV's
+    (INTER_AREA where a side shrinks twice or more, else INTER_LINEAR: INTER_AREA at a
+    ratio under 2 costs more than the decode) or Pillow's BILINEAR. Decoders as for
     :func:`decode_region`."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
@@ -214,7 +215,9 @@ def prepare(
         if a is None:
             raise ImageError("does not decode (OpenCV)")
         if (a.shape[1], a.shape[0]) != target:
-            a = cv2.resize(a, target, interpolation=cv2.INTER_AREA)
+            shrink = a.shape[1] >= 2 * target[0] or a.shape[0] >= 2 * target[1]
+            a = cv2.resize(a, target,
+                           interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)  # fmt: skip
         return np.ascontiguousarray(a[:, :, ::-1])  # (BGR to RGB)
     if decoder == "opencv" and cv2 is None:
         raise ImportError("decoder='opencv' needs OpenCV: pip install opencv-python-headless")
