@@ -188,3 +188,28 @@ def test_an_agents_file_that_lies_about_its_pixels_is_refused(images: Path, tmp_
         read_held(pa.py_buffer(path.read_bytes()), rows + 1, ("label",), "block 0")
     got = read_held(pa.py_buffer(path.read_bytes()), rows, ("label",), "block 0")
     assert got.num_rows == rows
+
+
+def test_the_node_reports_the_windows_it_holds_and_a_coordinator_reads_through_it(
+    images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    ds = dataset(str(images), agent=client, hold="images", short_side=SHORT)
+    local = ds.locality()["local"]
+    assert local(0) == []  # a fresh agent holds nothing
+    loader = stoker.TokenLoader(ds, 2, coordinator="rank0")  # leases, locality on
+    try:
+        got = [i for b in loader for i in b["sample_id"].tolist()]
+    finally:
+        loader.close()
+    assert sorted(got) == list(range(N))
+    assert client.stats()["images_decoded"] == N
+    # every block held: every window of any epoch is local to this node
+    assert local(1) == [(N, 2 * N)]
+    blocks = stoker.RecordSource(str(images)).num_blocks
+    assert (
+        ds.agent is not None
+        and len(ds.agent.holdings(ds.view().key(ds.source.manifest.dataset_id))) == blocks
+    )

@@ -11,7 +11,7 @@ nodes cached.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -27,8 +27,26 @@ def local_ranges(
     held: Iterable[int],
     threshold: float = 0.5,
 ) -> list[tuple[int, int]]:
+    """Stream positions of a token dataset's data epoch ``epoch`` in windows of which at
+    least ``threshold`` of the blocks are in ``held``, as sorted disjoint ranges."""
+
+    def blocks(a: int, b: int) -> np.ndarray:  # samples [a, b) are tokens [a*L, b*L + 1)
+        return np.arange(a * seq_len // block_tokens, b * seq_len // block_tokens + 1)
+
+    return local_windows(num_samples, config, epoch, held, blocks, threshold)
+
+
+def local_windows(
+    num_samples: int,
+    config: plan.ShuffleConfig,
+    epoch: int,
+    held: Iterable[int],
+    blocks_of: Callable[[int, int], np.ndarray],
+    threshold: float = 0.5,
+) -> list[tuple[int, int]]:
     """Stream positions of data epoch ``epoch`` in windows of which at least ``threshold``
-    of the blocks are in ``held``, as sorted disjoint ranges."""
+    of the blocks are in ``held``, as sorted disjoint ranges, for any kind of data:
+    ``blocks_of(a, b)`` is the blocks samples ``[a, b)`` are read from."""
     held_set = np.fromiter(held, dtype=np.int64)
     if held_set.size == 0 or num_samples == 0:
         return []
@@ -41,10 +59,7 @@ def local_ranges(
         spans = order.window_spans(w)
         if not spans:
             continue
-        # samples [a, b) are tokens [a * L, b * L + 1)
-        parts = [np.arange(a * seq_len // block_tokens, b * seq_len // block_tokens + 1)
-                 for a, b in spans]  # fmt: skip
-        blocks = np.unique(np.concatenate(parts))
+        blocks = np.unique(np.concatenate([blocks_of(a, b) for a, b in spans]))
         have = np.count_nonzero(np.isin(blocks, held_set, assume_unique=False))
         if blocks.size and have >= threshold * blocks.size:
             if out and out[-1][1] == base + lo:

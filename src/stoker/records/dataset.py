@@ -234,6 +234,28 @@ class RecordDataset(PlannedDataset):
         """Through a node agent, which keeps what it loads across epochs."""
         return self.agent is not None
 
+    def locality(self) -> dict[str, Any]:
+        """With a node agent: the node's cache, and what of each epoch it holds (the
+        windows whose blocks it mostly holds, in memory or on disk), for the coordinator's
+        locality."""
+        agent = self.agent
+        if agent is None:
+            return {}
+        from stoker.coordinator.holdings import local_windows
+
+        key = self.view().key(self.source.manifest.dataset_id)
+        source = self.source
+
+        def blocks(a: int, b: int) -> np.ndarray:
+            first, last = source.block_of(np.array([a, b - 1]))
+            return np.arange(int(first), int(last) + 1)
+
+        def local(epoch: int) -> list[tuple[int, int]]:
+            held = agent.holdings(key)
+            return local_windows(self.num_samples, self.shuffle_config, epoch, held, blocks)
+
+        return {"node": agent.node, "local": local}
+
     def view(self) -> View:
         """How the node agent holds this dataset."""
         return View(
