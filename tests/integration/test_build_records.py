@@ -157,3 +157,33 @@ def test_bad_rows_are_named_by_file_and_row(folder: Path, tmp_path: Path) -> Non
     pq.write_table(pa.table({"picture": [b"x"], "label": [1]}), tmp_path / "other.parquet")
     with pytest.raises(stoker.InputError, match=r"other.parquet: no column 'image'"):
         build_records(str(tmp_path / "other.parquet"), str(tmp_path / "z"))
+
+
+def test_a_saved_hugging_face_dataset(folder: Path, tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    files = sorted(folder.rglob("*.jpg"))
+    names = [p.parent.name if p.parent.name != "sub" else p.parent.parent.name for p in files]
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=list(CLASSES))}
+    )
+    hf = datasets.Dataset.from_dict(
+        {"image": [{"bytes": p.read_bytes(), "path": None} for p in files],
+         "label": [CLASSES.index(n) for n in names]},
+        features=features,
+    )  # fmt: skip
+    hf.save_to_disk(str(tmp_path / "hf"), num_shards=2)  # the library's own writer
+    stats = build_records(str(tmp_path / "hf"), str(tmp_path / "ds"))
+    assert stats.rows == len(files) and stats.manifest is not None
+    assert stats.manifest.metadata == {"source": "hf", "classes": list(CLASSES)}
+    got = rows_of(str(tmp_path / "ds"))
+    assert [r["image"] for r in got] == [p.read_bytes() for p in files]  # in order, as stored
+    assert [r["label"] for r in got] == [CLASSES.index(n) for n in names]
+    # the library embeds an image's file when it saves; a row that kept only its path
+    # (written otherwise) is read from the path, and a missing file is named
+    from stoker.records.build import _hf_item
+
+    kept = _hf_item("x: row 1", {"bytes": None, "path": str(files[0])}, 0, "image")
+    assert kept.row is not None and kept.row["image"] == files[0].read_bytes()
+    gone = _hf_item("x: row 2", {"bytes": None, "path": str(tmp_path / "gone.jpg")}, 0, "image")
+    assert gone.row is None and gone.error is not None and "cannot be read" in gone.error
+    assert "gone.jpg" in gone.where

@@ -112,15 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     br = sub.add_parser(
         "build-records",
-        help="images (ImageFolder, WebDataset, parquet, jsonl) into a records dataset",
+        help="images (ImageFolder, WebDataset, parquet, jsonl, a saved Hugging Face dataset) "
+        "into a records dataset",
     )
     br.add_argument("sources", nargs="+", help="an ImageFolder directory, WebDataset .tar shards "
-                    "(or their directory), .parquet or .jsonl files")  # fmt: skip
+                    "(or their directory), .parquet or .jsonl files, or a Hugging Face "
+                    "dataset's save_to_disk directory")  # fmt: skip
     br.add_argument("--out", required=True, help="dataset URL (path, s3://..., ...)")
     br.add_argument("--from", dest="source_format",
-                    choices=("imagefolder", "webdataset", "parquet", "jsonl"),
+                    choices=("imagefolder", "webdataset", "parquet", "jsonl", "hf"),
                     help="the sources' format (default: told from what is there)")  # fmt: skip
-    br.add_argument("--image-column", help="parquet / jsonl: the column of image bytes")
+    br.add_argument("--image-column", help="parquet / jsonl / hf: the column of image bytes")
     br.add_argument("--path-column", help="parquet / jsonl: the column of image paths "
                     "(relative to the file)")  # fmt: skip
     br.add_argument("--label-column", default="label", help="parquet / jsonl: the label column")

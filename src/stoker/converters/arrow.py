@@ -153,19 +153,25 @@ class ArrowSource:
         return int(top)
 
 
+def hf_files(src: str) -> list[str]:
+    """The Arrow files of a Hugging Face dataset saved to disk at ``src``, in order (from
+    its ``state.json``); InputError when that is not a saved dataset's state."""
+    try:
+        with open(os.path.join(src, "state.json")) as fh:
+            state = json.load(fh)
+        return [os.path.join(src, f["filename"]) for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"{os.path.join(src, 'state.json')}: not a saved dataset's state ({exc})"
+        ) from exc
+
+
 def open_source(src: str, kind: str, column: str | None) -> ArrowSource:
     """The Arrow source at ``src`` (see :func:`kind_of`), reading ``column`` (default: the
     first of :data:`COLUMNS` it has)."""
     _pa()
     if kind == "hf":
-        try:
-            with open(os.path.join(src, "state.json")) as fh:
-                state = json.load(fh)
-            files = [os.path.join(src, f["filename"]) for f in state["_data_files"]]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"{os.path.join(src, 'state.json')}: not a saved dataset's state ({exc})"
-            ) from exc
+        files = hf_files(src)
     elif os.path.isdir(src):
         files = sorted(os.path.join(src, e) for e in os.listdir(src) if e.endswith(".parquet"))
     else:

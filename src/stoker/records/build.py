@@ -12,6 +12,10 @@ Sources (told from what is there, or named with ``source_format``):
   key the ``path``.
 - ``parquet`` and ``jsonl``: rows with the image's bytes (a binary column) or its path
   (a string column, relative to the file that names it), and a label column.
+- ``hf``: a Hugging Face dataset saved to disk (``Dataset.save_to_disk``: a directory
+  with ``state.json``), its ``image`` column an ``Image()`` feature (bytes, or a path
+  where the bytes were not kept) or binary, its ``label`` an integer or a
+  ``ClassLabel`` (whose names go into the manifest's ``metadata``).
 
 Images are stored as they came (never re-encoded). Each is opened (its header read:
 not decoded) unless ``check_images=False``, so that a file that is not an image, or a
@@ -24,6 +28,7 @@ a progress bar has a total and an ETA.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tarfile
@@ -36,7 +41,7 @@ from stoker.errors import ImageError, InputError
 from stoker.formats.records import DEFAULT_BLOCK_BYTES, RecordWriter
 from stoker.record_manifest import RecordManifest
 
-FORMATS = ("imagefolder", "webdataset", "parquet", "jsonl")
+FORMATS = ("imagefolder", "webdataset", "parquet", "jsonl", "hf")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 _TAR_IMAGE = ("jpg", "jpeg", "png", "webp")
 SCHEMA = {"image": "binary", "label": "int64", "path": "string"}
@@ -73,6 +78,10 @@ def kind_of(srcs: Sequence[str]) -> str:
     """The sources' kind, from what is there."""
     first = srcs[0]
     if os.path.isdir(first):
+        from stoker.converters.arrow import kind_of as arrow_kind
+
+        if arrow_kind(first) == "hf":  # (a DatasetDict: an error naming its splits)
+            return "hf"
         if any(e.endswith(".tar") for e in os.listdir(first)):
             return "webdataset"
         return "imagefolder"
@@ -262,6 +271,71 @@ def _table(
     return items(), total, {"source": kind}
 
 
+def _hf(
+    src: str, image_column: str | None, label_column: str
+) -> tuple[Iterator[_Item], int, dict[str, Any]]:
+    """A saved Hugging Face dataset's rows: the image's bytes (an ``Image()`` feature's
+    ``bytes``, else the file at its ``path``) and the label."""
+    import pyarrow as pa
+
+    from stoker.converters.arrow import hf_files
+
+    files = hf_files(src)
+    for f in files:
+        if not os.path.isfile(f):
+            raise InputError(f"{f}: not found (listed in {src}/state.json)")
+    total = sum(os.path.getsize(f) for f in files)
+    metadata: dict[str, Any] = {"source": "hf"}
+    column = image_column or "image"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        with open(os.path.join(src, "dataset_info.json")) as fh:
+            feature = json.load(fh)["features"][label_column]
+        if feature.get("_type") == "ClassLabel" and isinstance(feature.get("names"), list):
+            metadata["classes"] = [str(n) for n in feature["names"]]
+
+    def items() -> Iterator[_Item]:
+        done = 0
+        for f in files:
+            n = 0
+            try:
+                with pa.memory_map(f, "r") as mm:
+                    reader = pa.ipc.open_stream(mm)
+                    names = reader.schema.names
+                    for c in (column, label_column):
+                        if c not in names:
+                            raise InputError(f"{f}: no column {c!r} (it has {names})")
+                    for batch in reader:
+                        images = batch.column(column).to_pylist()
+                        labels = batch.column(label_column).to_pylist()
+                        for image, label in zip(images, labels, strict=True):
+                            n += 1
+                            yield _hf_item(f"{f}: row {n}", image, label, column)
+            except pa.ArrowException as exc:
+                raise InputError(f"{f}: not an Arrow stream a saved dataset holds ({exc})") from exc
+            done += os.path.getsize(f)
+            yield _Item(f, done=done)
+
+    return items(), total, metadata
+
+
+def _hf_item(where: str, image: Any, label: Any, column: str) -> _Item:
+    path = ""
+    if isinstance(image, dict):  # an Image() feature: {"bytes": ..., "path": ...}
+        path = str(image.get("path") or "")
+        data = image.get("bytes")
+        if data is None and path:
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError as exc:
+                return _Item(f"{where} ({path})", error=f"cannot be read ({exc})")
+    else:
+        data = image
+    if not isinstance(data, (bytes, bytearray)):
+        return _Item(where, error=f"column {column!r} holds no image bytes ({type(data).__name__})")
+    return _Item(where, {"image": bytes(data), "label": label, "path": path})
+
+
 def build_records(
     srcs: Sequence[str] | str,
     url: str,
@@ -282,7 +356,8 @@ def build_records(
     ``url`` with the columns ``image`` (bytes), ``label`` (int64) and ``path`` (string).
 
     ``image_column`` / ``path_column``: where parquet or jsonl rows hold the image's
-    bytes or its path (default: ``image`` if the rows have it, else ``path``).
+    bytes or its path (default: ``image`` if the rows have it, else ``path``); a saved
+    Hugging Face dataset's image column (default ``image``).
     ``on_error="skip"`` leaves out (and counts) an item that cannot be read, is not an
     image, or has no label; the default raises naming it."""
     if on_error not in ("raise", "skip"):
@@ -300,6 +375,10 @@ def build_records(
         items, total, metadata = _imagefolder(sources[0])
     elif kind == "webdataset":
         items, total, metadata = _webdataset(sources)
+    elif kind == "hf":
+        if len(sources) != 1:
+            raise InputError("a saved Hugging Face dataset is one directory")
+        items, total, metadata = _hf(sources[0], image_column, label_column)
     else:
         if image_column is None and path_column is None:
             image_column = "image" if kind == "parquet" else None
