@@ -6,6 +6,7 @@ a mixture, and a bad image named by row, block and file."""
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,46 @@ def test_undecoded_bytes_cross_from_workers_in_fixed_rows(images: Path) -> None:
             assert not b["data"][j, n:].any()
     with pytest.raises(stoker.ImageError, match=rf"bytes, more than max_bytes \({longest - 1}\)"):
         list(stoker.TokenLoader(dataset(images, decode=False, max_bytes=longest - 1), 0))
+
+
+def test_on_error_skip_keeps_every_batch_and_counts_the_skipped(tmp_path: Path) -> None:
+    from stoker.observe.registry import registry
+
+    rng = np.random.default_rng(3)
+    rows = [{"image": photo_jpeg(rng, 40, 40), "label": i % 5} for i in range(40)]
+    rows[7]["image"] = rows[7]["image"][: len(rows[7]["image"]) // 2]  # truncated
+    rows[21]["image"] = b"not an image"
+    rows[30]["label"] = None  # a missing label
+    stoker.write_records(rows, str(tmp_path / "bad"), schema={"image": "binary", "label": "int64"},
+                         block_bytes=5_000)  # fmt: skip
+    bad = {7, 21, 30}
+    for nw in (0, 2):
+        for hold in ("blocks", "images"):
+            before = registry().snapshot()["images"]["skipped"]
+            ds = dataset(tmp_path / "bad", on_error="skip", hold=hold)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loader = stoker.TokenLoader(ds, nw)
+                batches = list(loader)
+            if nw == 0:  # (a worker's warning is its own process's)
+                assert sum("skipped" in str(w.message) for w in caught) == 1  # once, named
+                assert "row " in str(next(w for w in caught if "skipped" in str(w.message)).message)
+            assert [len(b["sample_id"]) for b in batches] == [B] * (40 // B)  # none shorter
+            assert sorted(ids(batches)) == list(range(40))  # nothing else lost
+            skipped = {
+                i
+                for b in batches
+                for i, s in zip(b["sample_id"].tolist(), b["skipped"].tolist())
+                if s
+            }
+            assert skipped == bad
+            for b in batches:
+                s = b["skipped"]
+                assert (b["label"][s] == -100).all() and not b["image"][s].any()
+                assert (b["label"][~s] == b["sample_id"][~s] % 5).all()
+                assert b["image"][~s].float().std() > 5  # (the others decoded)
+            assert loader.stats()["images"]["skipped"] - before == 3
+    with pytest.raises(stoker.DatasetError, match="row 7"):  # the default names it
+        list(stoker.TokenLoader(dataset(tmp_path / "bad", shuffle=False), 0))
+    with pytest.raises(stoker.ConfigError, match="on_error"):
+        dataset(tmp_path / "bad", on_error="ignore")

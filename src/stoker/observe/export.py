@@ -266,6 +266,7 @@ def rank_stats(rank: int) -> dict[str, Any]:
     out = stats.summary()
     total, workers = with_exported(registry().snapshot())
     out["storage"] = {k: v for k, v in total["storage"].items() if k != "latency"}
+    out["images"] = dict(total.get("images", {}))
     with registry().lock:
         busy, alive = sum(stats.busy.values()), sum(stats.alive.values())
     for (r, _), (b, a) in workers.items():

@@ -46,6 +46,18 @@ class Collector:
         ):
             unit = "read_bytes" if name == "bytes" else name
             yield CounterMetricFamily(f"stoker_storage_{unit}", help_, value=storage[name])
+        images = own.get("images", {})
+        yield CounterMetricFamily(
+            "stoker_images_decoded",
+            "Images a records reader decoded in this process (and its workers)",
+            value=images.get("decoded", 0),
+        )
+        yield CounterMetricFamily(
+            "stoker_images_skipped",
+            "Images that did not decode, skipped (on_error='skip'; their rows are zeros, "
+            "label -100)",
+            value=images.get("skipped", 0),
+        )
         yield _histogram(
             HistogramMetricFamily,
             "stoker_storage_request_seconds",

@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 #: The storage counters (a process's reads from storage: datasets without an agent, or
 #: the agent's own process).
 STORAGE = ("requests", "bytes", "errors", "retries")
+#: A records reader's images: decoded in this process, and skipped (on_error="skip").
+IMAGES = ("decoded", "skipped")
 
 
 class Metrics:
@@ -71,6 +73,7 @@ class Metrics:
         self.devices: dict[int, LoaderStats] = {}  # by rank: the device tier, as training sees it
         #: a mixture's sources, by name: [seconds its readers took to hand rows, rows]
         self.sources: dict[str, list[float]] = {}
+        self.images = dict.fromkeys(IMAGES, 0)
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -106,6 +109,7 @@ class Metrics:
                 "storage": {**self.storage, "latency": self.storage_latency.to_dict()},
                 "threads": {"busy": self.threads.busy, "alive": self.threads.alive},
                 "sources": {k: list(v) for k, v in self.sources.items()},
+                "images": dict(self.images),
             }
 
     def add(self, delta: dict[str, Any]) -> None:
@@ -120,6 +124,14 @@ class Metrics:
                 acc = self.sources.setdefault(k, [0.0, 0.0])
                 acc[0] += secs
                 acc[1] += rows
+            for k, n in delta.get("images", {}).items():
+                self.images[k] = self.images.get(k, 0) + n
+
+    # -- a records reader's images ------------------------------------------------------
+    def image_event(self, name: str, n: int = 1) -> None:
+        """``n`` images ``decoded`` in this process, or ``skipped`` (see :data:`IMAGES`)."""
+        with self.lock:
+            self.images[name] += n
 
     # -- a mixture's sources ----------------------------------------------------------
     def source_read(self, name: str, seconds: float, rows: int) -> None:
@@ -176,7 +188,8 @@ class Threads:
 def combine(a: dict[str, Any], b: dict[str, Any], sign: int = 1) -> dict[str, Any]:
     """``a + b`` (or ``a - b`` with ``sign=-1``) of two :meth:`Metrics.snapshot` results
     (or their differences): storage counts, latency buckets, thread seconds, a mixture's
-    per-source read seconds and rows (absent from a snapshot written before they were)."""
+    per-source read seconds and rows, images decoded and skipped (the last two absent
+    from a snapshot written before they were)."""
     s, t = a["storage"], b["storage"]
     storage: dict[str, Any] = {k: s[k] + sign * t[k] for k in STORAGE}
     storage["latency"] = {
@@ -192,7 +205,9 @@ def combine(a: dict[str, Any], b: dict[str, Any], sign: int = 1) -> dict[str, An
         k: [x + sign * y for x, y in zip(sa.get(k, (0.0, 0.0)), sb.get(k, (0.0, 0.0)), strict=True)]
         for k in {*sa, *sb}
     }
-    return {"storage": storage, "threads": threads, "sources": sources}
+    ia, ib = a.get("images", {}), b.get("images", {})
+    images = {k: ia.get(k, 0) + sign * ib.get(k, 0) for k in IMAGES}
+    return {"storage": storage, "threads": threads, "sources": sources, "images": images}
 
 
 def delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ augmented, with their labels."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from stoker.formats.records import RecordSource
 from stoker.loader.arena import decoding_threads
 from stoker.loader.batch import Field, Layout
 from stoker.loader.planned import PlannedDataset
+from stoker.observe.registry import registry
 from stoker.records import augment
 from stoker.records.held import HOLDS, View
 from stoker.records.image import (
@@ -83,6 +85,14 @@ class RecordDataset(PlannedDataset):
     with or without an agent, and whether the agent had room or not: a process without
     the agent's pixels decodes and resizes the same way itself.
 
+    ``on_error="skip"``: a sample whose image does not decode (or whose label is
+    missing) does not stop the run: its row of the batch is zeros, its ``label`` -100
+    (what ``torch.nn.functional.cross_entropy`` ignores by default) and the batch's
+    ``skipped`` field says which rows those are; it is counted
+    (``stoker_images_skipped``, ``loader.stats()["images"]``) and the first is named in a
+    warning. Every rank still gets the same number of batches of the same size. The
+    default raises the error, naming the row, block and file.
+
     ``image_column`` (default: ``image``, else the only binary column) holds the
     encoded bytes (JPEG, PNG, WebP, anything Pillow reads); ``label_column`` (default:
     ``label`` when there is one; ``False``: none) an integer per row.
@@ -121,8 +131,13 @@ class RecordDataset(PlannedDataset):
         agent: AgentClient | bool | None = None,
         hold: str = "blocks",
         short_side: int | None = None,
+        on_error: str = "raise",
     ) -> None:
         super().__init__()
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+        self._warned_skip = False
         if image_size < 1:
             raise ConfigError(f"image_size must be >= 1, got {image_size}")
         if augment not in AUGMENTS:
@@ -277,6 +292,8 @@ class RecordDataset(PlannedDataset):
         )
         if self.label_column is not None:
             fields["label"] = Field(torch.int64)
+        if self.on_error == "skip":
+            fields["skipped"] = Field(torch.bool)
         return Layout(fields)
 
     def open_reader(self, epoch: int = 0, decoding: int | None = None) -> RecordReader:
@@ -299,7 +316,33 @@ class RecordDataset(PlannedDataset):
 
     # -- a sample ---------------------------------------------------------------
     def make(self, row: dict[str, Any], epoch: int, sid: int, out: dict[str, Any], i: int) -> None:
-        """Row ``i`` of ``out``: sample ``sid``'s image (decoded, augmented) and label."""
+        """Row ``i`` of ``out``: sample ``sid``'s image (decoded, augmented) and label; with
+        ``on_error="skip"``, a sample whose image or label is bad is a row of zeros with
+        the label -100 and ``skipped`` set, counted (``stoker_images_skipped``)."""
+        if self.on_error != "skip":
+            self._make(row, epoch, sid, out, i)
+            return
+        try:
+            self._make(row, epoch, sid, out, i)
+        except ImageError as exc:
+            for name in ("image", "data", "length"):
+                if name in out:
+                    out[name][i] = 0
+            if "label" in out:
+                out["label"][i] = -100
+            out["skipped"][i] = True
+            registry().image_event("skipped")
+            if not self._warned_skip:
+                self._warned_skip = True
+                warnings.warn(
+                    f"{self.source.url}: row {sid} skipped ({exc}); further ones are counted "
+                    "in stoker_images_skipped",
+                    stacklevel=2,
+                )
+            return
+        out["skipped"][i] = False
+
+    def _make(self, row: dict[str, Any], epoch: int, sid: int, out: dict[str, Any], i: int) -> None:
         s = self.image_size
         data = None if self.prepared else row[self.image_column]
         if self.prepared:
@@ -321,6 +364,7 @@ class RecordDataset(PlannedDataset):
         else:
             box, flip = self._box(epoch, sid)
             out["image"][i] = decode_region(data, (s, s), box, flip, self.max_pixels, self.decoder)
+            registry().image_event("decoded")
         if self.label_column is not None:
             label = row[self.label_column]
             if label is None:
@@ -351,6 +395,7 @@ class RecordDataset(PlannedDataset):
             if data is None:
                 raise ImageError(f"column {self.image_column!r} is empty (null)")
             pixels = prepare(data, self.short_side, self.max_pixels, self.decoder)
+            registry().image_event("decoded")
         s = self.image_size
         if self.transform is not None:
             from PIL import Image
