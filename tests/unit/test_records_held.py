@@ -85,3 +85,62 @@ def test_a_view_names_what_it_holds_and_is_read_back_or_refused() -> None:
     for text in ("[]", '{"hold": "images", "colour": 1}', '{"columns": [3]}', "nope"):
         with pytest.raises(ConfigError, match="not a records view"):
             View.from_json(text)
+
+
+def _stream(batch: object) -> object:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:  # type: ignore[attr-defined]
+        w.write_batch(batch)
+    return sink.getvalue()
+
+
+def test_a_held_block_of_other_types_or_negative_sizes_is_refused_named() -> None:
+    import pyarrow as pa
+
+    from stoker.errors import DatasetError
+    from stoker.records.held import held_schema, read_held
+
+    schema = held_schema(pa.schema([pa.field("label", pa.int64())]), ("label",))
+
+    def batch(pixels, h, w, types=None):  # type: ignore[no-untyped-def]
+        t = types or {}
+        return pa.RecordBatch.from_arrays(
+            [pa.array(pixels, t.get("pixels", pa.large_binary())),
+             pa.array(h, t.get("size", pa.int32())), pa.array(w, t.get("size", pa.int32())),
+             pa.array([None] * len(h), pa.string()), pa.array([3] * len(h), pa.int64())],
+            names=["pixels", "height", "width", "error", "label"],
+        )  # fmt: skip
+
+    assert read_held(_stream(batch([b"\1" * 12], [2], [2])), 1, schema, "B").num_rows == 1
+    for forged in (
+        batch([b"\1" * 3], [-1], [-1]),  # -1 x -1 x 3 = 3 bytes
+        batch([b""], [2**40], [2**40], {"size": pa.int64()}),  # wraps to 0 bytes
+        batch([b"\1" * 12, b"\1" * 12], [2, 2], [2, 2], {"pixels": pa.binary()}),
+        batch([b"\1" * 12], ["2"], ["2"], {"size": pa.string()}),
+        batch([b"\1" * 12], [None], [2]),
+    ):
+        with pytest.raises(DatasetError, match=r"^B: the agent's decoded block"):
+            read_held(_stream(forged), forged.num_rows, schema, "B")
+
+
+@pytest.mark.parametrize("name", ["error", "pixels", "height"])
+def test_a_label_named_as_a_held_column_is_a_label(tmp_path, name: str) -> None:  # type: ignore[no-untyped-def]
+    import stoker
+    from stoker.records.held import HELD, held_rows, prepare_block, read_held
+
+    data = encoded(picture(30, 40), "PNG")
+    rows = [{"image": data, name: i} for i in range(3)]
+    stoker.write_records(rows, str(tmp_path / "ds"), schema={"image": "binary", name: "int64"})
+    # without the agent: the reader prepares the image itself
+    ds = stoker.RecordDataset(str(tmp_path / "ds"), image_size=8, batch_size=3, shuffle=False,
+                              label_column=name, short_side=20)  # fmt: skip
+    assert next(iter(stoker.TokenLoader(ds, 0)))["label"].tolist() == [0, 1, 2]
+    # the agent's held block of it, read back
+    view = ds.view()
+    held, decoded = prepare_block(ds.source.block(0), view)
+    assert decoded == 3
+    back = read_held(_stream(held), 3, held.schema, "B")
+    row = held_rows(back, view.columns)(1)
+    assert row[name] == 1 and row[HELD][0].shape == (20, 27, 3) and row[HELD][1] is None

@@ -21,7 +21,7 @@ from stoker.loader.batch import Field, Layout
 from stoker.loader.planned import PlannedDataset
 from stoker.observe.registry import registry
 from stoker.records import augment
-from stoker.records.held import HOLDS, View
+from stoker.records.held import HELD, HOLDS, View
 from stoker.records.image import (
     DECODERS,
     MAX_PIXELS,
@@ -384,12 +384,14 @@ class RecordDataset(PlannedDataset):
     def _make_prepared(
         self, row: dict[str, Any], epoch: int, sid: int, out: np.ndarray, i: int
     ) -> None:
-        """The image from its decoded pixels: the agent's (a held row: ``pixels`` or its
-        ``error``), else decoded here the same way."""
-        if "error" in row:
-            if row["error"] is not None:
-                raise ImageError(row["error"])
-            pixels = row["pixels"]
+        """The image from its decoded pixels: the agent's (a held row: its pixels, or the
+        error it kept, under :data:`~stoker.records.held.HELD`), else decoded here the
+        same way."""
+        held = row.get(HELD)
+        if held is not None:
+            pixels, problem = held
+            if problem is not None:
+                raise ImageError(problem)
         else:
             data = row[self.image_column]
             if data is None:

@@ -181,10 +181,11 @@ def map_file(path: str | Path) -> Any:
         return mm.read_buffer()
 
 
-def read_held(buffer: Any, rows: int, columns: tuple[str, ...], where: str) -> Any:
-    """A held-images block's record batch from its mapped buffer, checked: the schema, the
-    rows and every row's pixels inside the buffer and of its height x width x 3 bytes
-    (DatasetError naming ``where`` otherwise)."""
+def read_held(buffer: Any, rows: int, schema: Any, where: str) -> Any:
+    """A held-images block's record batch from its mapped buffer, checked: its schema is
+    ``schema`` (:func:`held_schema`: names and types), it holds ``rows`` rows, and every
+    row's pixels are inside the buffer and of its height x width x 3 bytes, height and
+    width not negative (DatasetError naming ``where`` otherwise)."""
     import pyarrow as pa
 
     try:
@@ -197,18 +198,22 @@ def read_held(buffer: Any, rows: int, columns: tuple[str, ...], where: str) -> A
     if len(batches) != 1 or batches[0].num_rows != rows:
         raise DatasetError(f"{where}: the agent's decoded block does not hold {rows} rows")
     batch = batches[0]
-    if batch.schema.names[:4] != ["pixels", "height", "width", "error"] or tuple(
-        batch.schema.names[4:]
-    ) != tuple(columns):
-        raise DatasetError(f"{where}: the agent's decoded block has columns {batch.schema.names}")
+    if not batch.schema.equals(schema):
+        raise DatasetError(
+            f"{where}: the agent's decoded block has the schema {batch.schema}, not {schema}"
+        )
     try:
         batch.validate(full=True)
     except pa.ArrowException as exc:
         raise DatasetError(f"{where}: the agent's decoded block is not valid ({exc})") from exc
-    h = batch.column("height").to_numpy(zero_copy_only=False).astype(np.int64)
-    w = batch.column("width").to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = _offsets(batch.column("pixels"))
-    if np.any(np.diff(offsets) != h * w * 3):
+    # (by position: a kept column may share a name with one of the first four)
+    h = batch.column(1).to_numpy(zero_copy_only=False)
+    w = batch.column(2).to_numpy(zero_copy_only=False)
+    if batch.column(1).null_count or batch.column(2).null_count or np.any(h < 0) or np.any(w < 0):
+        raise DatasetError(f"{where}: the agent's decoded block has a negative or missing size")
+    offsets = _offsets(batch.column(0))
+    # (int32 sizes, not negative: the product fits in int64)
+    if np.any(np.diff(offsets) != h.astype(np.int64) * w.astype(np.int64) * 3):
         raise DatasetError(f"{where}: the agent's decoded block's pixels do not match their sizes")
     return batch
 
@@ -219,24 +224,30 @@ def _offsets(col: Any) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.int64, count=len(col) + 1, offset=col.offset * 8)
 
 
+#: The key of a held row's ``(pixels, error)`` (not a string: no column's name).
+HELD: Any = ("stoker", "held")
+
+
 def held_rows(batch: Any, columns: tuple[str, ...]) -> Callable[[int], dict[str, Any]]:
-    """Row ``r`` of a held-images block: ``pixels`` (a read-only ``(height, width, 3)`` view
-    of the mapped file), ``error`` and ``columns``."""
-    col = batch.column("pixels")
+    """Row ``r`` of a held-images block: ``columns``, and under :data:`HELD` its
+    ``(pixels, error)``: a read-only ``(height, width, 3)`` view of the mapped file, or
+    None and why the image did not decode."""
+    col = batch.column(0)
     offsets = _offsets(col)
     values = np.frombuffer(col.buffers()[2], dtype=np.uint8) if len(col) else np.zeros(0, np.uint8)
-    heights = batch.column("height").to_numpy(zero_copy_only=False)
-    widths = batch.column("width").to_numpy(zero_copy_only=False)
-    problems = batch.column("error")
-    kept = {c: batch.column(c) for c in columns}
+    heights = batch.column(1).to_numpy(zero_copy_only=False)
+    widths = batch.column(2).to_numpy(zero_copy_only=False)
+    problems = batch.column(3)
+    kept = {c: batch.column(4 + i) for i, c in enumerate(columns)}
 
     def row(r: int) -> dict[str, Any]:
-        out: dict[str, Any] = {c: v[r].as_py() for c, v in kept.items()}
+        out: dict[Any, Any] = {c: v[r].as_py() for c, v in kept.items()}
         problem = problems[r].as_py()
-        out["error"] = problem
+        pixels = None
         if problem is None:
             px = values[offsets[r] : offsets[r + 1]]
-            out["pixels"] = px.reshape(int(heights[r]), int(widths[r]), 3)
+            pixels = px.reshape(int(heights[r]), int(widths[r]), 3)
+        out[HELD] = (pixels, problem)
         return out
 
     return row

@@ -28,7 +28,7 @@ import numpy as np
 from stoker.errors import DatasetError
 from stoker.formats.records import RecordSource
 from stoker.loader.batch import Layout
-from stoker.records.held import View, held_rows, map_file, read_held
+from stoker.records.held import View, held_rows, held_schema, map_file, read_held
 
 #: Makes one sample's fields from its row: ``(row, epoch, sample id, out, i)`` writes
 #: row ``i`` of every field of ``out``.
@@ -93,7 +93,9 @@ class RecordReader:
         self._key = ""
         if agent is not None:
             m = source.manifest
-            self._key = agent.open(source.url, source.storage.storage_options, m.dataset_id, view)
+            self._key = agent.open(
+                source.url, source.storage.storage_options, m.dataset_id, self.view
+            )
 
     # -- the plan -----------------------------------------------------------------------
     def plan(self, upcoming: np.ndarray) -> None:
@@ -141,7 +143,8 @@ class RecordReader:
             ref = self.source.manifest.block_file(b)
             where = f"{self.source.storage.url_of(ref.path)}: block {b}"
             rows = int(self.source.index[b]["rows"])
-            return held_rows(read_held(buffer, rows, self.view.columns, where), self.view.columns)
+            schema = held_schema(self.source.schema, self.view.columns)
+            return held_rows(read_held(buffer, rows, schema, where), self.view.columns)
         return stored_rows(self.source.decode(b, buffer), self.columns)
 
     def _drop(self, b: int) -> None:
@@ -184,9 +187,8 @@ class RecordReader:
 
         def one(i: int) -> None:
             b, r = int(blocks[i]), int(local[i])
-            row = got[b](r)
             try:
-                self.make(row, epoch, int(ids[i]), out, i)
+                self.make(got[b](r), epoch, int(ids[i]), out, i)
             except Exception as exc:
                 ref = self.source.manifest.block_file(b)
                 where = f"{self.source.storage.url_of(ref.path)}: row {int(ids[i])} (block {b})"
