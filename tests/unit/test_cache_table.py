@@ -68,21 +68,27 @@ class TierMachine(RuleBasedStateMachine):
             self.table.ready(key)
             self.ready.add(key)
 
-    @rule(key=key_st, size=hs.integers(1, 120))
-    def settle(self, key: tuple[str, int], size: int) -> None:
+    @rule(key=key_st, size=hs.integers(1, 120), prefetch=hs.booleans())
+    def settle(self, key: tuple[str, int], size: int, prefetch: bool) -> None:
         """A loading entry's real size replaces its estimate (the agent's decoded images)."""
         if key not in self.sizes or key in self.ready:
             return
-        evicted = self.table.settle(key, size)
+        before = {k: self._use(k) for k in self.sizes}
+        limit = self._use(key) if prefetch else -1
+        evicted = self.table.settle(key, size, prefetch)
         if evicted is None:
             grow = size - self.sizes[key]
             evictable = sum(
-                s for k, s in self.sizes.items() if k in self.ready and not self.pins.get(k)
+                s
+                for k, s in self.sizes.items()
+                if k in self.ready and not self.pins.get(k) and before[k] > limit
             )
             assert grow > self.table.capacity - sum(self.sizes.values()) + evictable
             return
         for k in evicted:
             assert k in self.ready and not self.pins.get(k), "settle evicted a held entry"
+            if prefetch:
+                assert before[k] > limit, "a prefetch's settle evicted a block needed sooner"
             del self.sizes[k]
             self.ready.discard(k)
             self.pins.pop(k, None)
@@ -169,3 +175,15 @@ def test_unplanned_entries_go_least_recently_used_first() -> None:
         t.ready(("d", b))
     t.touch(("d", 0))
     assert t.admit(("d", 3), 1) == [("d", 1)]
+
+
+def test_a_prefetch_that_settles_larger_keeps_a_block_needed_sooner() -> None:
+    t = TierTable(100)
+    soon, later = ("d", 0), ("d", 5)
+    t.admit(soon, 40)
+    t.ready(soon)
+    t.set_plan(1, [soon, ("d", 1), later])
+    assert t.admit(later, 40, prefetch=True) == []  # (its estimate)
+    assert t.settle(later, 70, prefetch=True) is None  # not by evicting the next block
+    assert t.holds(soon) and t.used == 80
+    assert t.settle(later, 70) == [soon]  # a reader waits for it: any unpinned block goes

@@ -163,8 +163,11 @@ class _LaterPuts:
 class _Load:
     """One load of a block in flight (single flight: every asker waits on this)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefetch: bool = False) -> None:
         self.future: Future[bytes | None] = Future()  # None: in the memory tier; bytes: inline
+        #: started ahead of a request and none waits for it yet (then settling its size
+        #: evicts only blocks needed later than it, as its admission did)
+        self.prefetch = prefetch
 
 
 class Agent:
@@ -415,6 +418,7 @@ class Agent:
                 if load is None:
                     load = self._start_load(ds, block, prefetch=False)
                     assert load is not None
+                load.prefetch = False  # a reader waits for it now
             if not counted:
                 self.counters.add("memory_misses")
                 counted = True
@@ -438,7 +442,7 @@ class Agent:
         if evicted is None and prefetch:
             return None
         self._evicted(evicted or [])
-        load = _Load()
+        load = _Load(prefetch)
         self._loads[key] = load
         self._pool.submit(self._load, ds, block, evicted is not None, load)
         return load
@@ -478,7 +482,7 @@ class Agent:
                 load.future.set_result(record)
                 return
             with self._lock:
-                evicted = self.memory.settle(key, size)
+                evicted = self.memory.settle(key, size, prefetch=load.prefetch)
                 if evicted is None:  # (took more than its estimate, and more than there is)
                     self.memory.remove(key)
                 else:

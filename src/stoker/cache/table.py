@@ -109,17 +109,21 @@ class TierTable:
         self.used += size
         return victims
 
-    def settle(self, key: tuple[str, int], size: int) -> list[tuple[str, int]] | None:
+    def settle(
+        self, key: tuple[str, int], size: int, prefetch: bool = False
+    ) -> list[tuple[str, int]] | None:
         """A loading ``key`` turned out to take ``size`` bytes, not what it was admitted
         with (its size could only be estimated before it loaded). Returns the keys evicted
-        to make the difference fit (any unpinned ready entry, as for a demand load; their
-        data must be removed by the caller), or None when it does not fit: then nothing
-        changed, and the caller removes ``key``."""
+        to make the difference fit, as :meth:`admit` would (a prefetch: only entries needed
+        later than ``key``; a demand load: any unpinned ready entry; their data must be
+        removed by the caller), or None when it does not fit: then nothing changed, and
+        the caller removes ``key``."""
         entry = self.entries[key]
         if size > self.capacity:
             return None
         grow = size - entry.size
-        victims = self._victims(grow, -1) if grow > 0 else []
+        before = self.next_use(key) if prefetch else -1
+        victims = self._victims(grow, before) if grow > 0 else []
         if victims is None:
             return None
         for v in victims:
