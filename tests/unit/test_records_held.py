@@ -70,6 +70,8 @@ def test_a_crop_from_held_pixels_is_the_crop_of_the_image() -> None:
         assert np.abs(got.astype(int) - direct.astype(int)).mean() < 10
         if flip:
             assert (region(held, (48, 48), box, False)[:, :, ::-1] == got).all()
+        pil = region(held, (48, 48), box, flip, decoder="pillow")  # Pillow's resize, as asked
+        assert np.abs(pil.astype(int) - got.astype(int)).mean() < 10
 
 
 def test_a_view_names_what_it_holds_and_is_read_back_or_refused() -> None:
@@ -144,3 +146,13 @@ def test_a_label_named_as_a_held_column_is_a_label(tmp_path, name: str) -> None:
     back = read_held(_stream(held), 3, held.schema, "B")
     row = held_rows(back, view.columns)(1)
     assert row[name] == 1 and row[HELD][0].shape == (20, 27, 3) and row[HELD][1] is None
+
+
+def test_a_view_of_columns_the_dataset_lacks_is_refused() -> None:
+    import pyarrow as pa
+
+    schema = pa.schema([("image", pa.binary()), ("label", pa.int64())])
+    View(hold="images", columns=("label",)).check(schema, "ds")
+    for view in (View(hold="images", image_column="jpeg"), View(hold="images", columns=("y",))):
+        with pytest.raises(ConfigError, match="lacks"):
+            view.check(schema, "ds")

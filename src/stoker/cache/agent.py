@@ -379,6 +379,7 @@ class Agent:
             from stoker.formats.records import RecordSource
 
             source = RecordSource(req.url, options, storage=storage, cache=self._records)
+            view.check(source.schema, source.url)
             held = (HeldImages if view.hold == "images" else RecordBlocks)(source, view)
         got = held.id
         if req.dataset_id and got != req.dataset_id:

@@ -406,7 +406,7 @@ class RecordDataset(PlannedDataset):
             out[i] = _chw(got, s)
             return
         box, flip = self._box(epoch, sid)
-        out[i] = region(pixels, (s, s), box, flip)
+        out[i] = region(pixels, (s, s), box, flip, self.decoder)
 
 
 def _generator(seed: int, epoch: int, sid: int) -> np.random.Generator:

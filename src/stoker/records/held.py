@@ -89,6 +89,12 @@ class View:
         raw["columns"] = tuple(columns)
         return cls(**raw)
 
+    def check(self, schema: Any, where: str) -> None:
+        """ConfigError unless the columns this view reads are in ``schema``."""
+        missing = [c for c in (self.image_column, *self.columns) if c not in schema.names]
+        if missing:
+            raise ConfigError(f"{where}: the view reads columns {missing} the dataset lacks")
+
     def key(self, dataset_id: str) -> str:
         """The name the agent keeps this view of ``dataset_id`` under (its blocks: the
         dataset's id; its images: the id and a digest of the view)."""
@@ -128,9 +134,10 @@ def prepare_block(batch: Any, view: View) -> tuple[Any, int]:
             if data is None:
                 raise ImageError(f"column {view.image_column!r} is empty (null)")
             a = prepare(data, view.short_side, view.max_pixels, view.decoder)
-        except ImageError as exc:
+        except Exception as exc:  # (any failure of one image is that row's, not the block's)
             a = np.zeros((0, 0, 3), np.uint8)
-            problems.append(str(exc))
+            problems.append(str(exc) if isinstance(exc, ImageError) else
+                            f"does not decode ({type(exc).__name__}: {exc})")  # fmt: skip
         else:
             problems.append(None)
         pixels.append(a.reshape(-1))

@@ -239,17 +239,19 @@ def _short_side_size(width: int, height: int, short_side: int | None) -> tuple[i
     return max(1, round(width * short_side / height)), short_side
 
 
-def region(image: np.ndarray, size: tuple[int, int], box: Any, flip: bool = False) -> np.ndarray:
+def region(
+    image: np.ndarray, size: tuple[int, int], box: Any, flip: bool = False, decoder: str = "auto"
+) -> np.ndarray:
     """The region ``box(width, height) -> (left, top, w, h)`` of a decoded image (an
     ``(height, width, 3)`` uint8 array, from :func:`prepare`) resized to ``size`` (width,
     height) and flipped left to right when ``flip``: shape ``(3, height, width)``. OpenCV
-    when it is installed (INTER_AREA where a side shrinks twice or more, else
-    INTER_LINEAR), else Pillow (BILINEAR)."""
+    when it is installed and ``decoder`` is not ``"pillow"`` (INTER_AREA where a side
+    shrinks twice or more, else INTER_LINEAR), else Pillow (BILINEAR)."""
     H, W = image.shape[:2]
     left, top, w, h = box(W, H)
     out_w, out_h = size
     crop = image[top : top + h, left : left + w]
-    cv2 = _cv2()
+    cv2 = _cv2() if decoder != "pillow" else None
     if cv2 is not None:
         shrink = w >= 2 * out_w or h >= 2 * out_h
         r = cv2.resize(crop, (out_w, out_h),
