@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import stoker
+from stoker.records.held import View
 
 from .helpers import photo_jpeg
 from .test_agent import Agents
@@ -215,3 +216,16 @@ def test_the_node_reports_the_windows_it_holds_and_a_coordinator_reads_through_i
         ds.agent is not None
         and len(ds.agent.holdings(ds.view().key(ds.source.manifest.dataset_id))) == blocks
     )
+
+
+def test_a_records_dataset_opened_as_tokens_is_refused(
+    images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    src = stoker.RecordSource(str(images))
+    key = client.open(str(images), None, src.manifest.dataset_id, View())
+    assert key == src.manifest.dataset_id  # (its blocks as stored: the dataset's own name)
+    with pytest.raises(stoker.DatasetError, match="open on this agent as a records dataset"):
+        client.open(str(images), None, src.manifest.dataset_id)  # a token reader's Open

@@ -369,6 +369,12 @@ class Agent:
         with self._lock:
             ds = self._datasets.get(key) if key else None
         if ds is not None:
+            if (view is None) != isinstance(ds, TokenBlocks):  # (two kinds under one name)
+                kind = "a token" if isinstance(ds, TokenBlocks) else "a records"
+                raise errors.DatasetError(
+                    f"{req.url}: dataset {req.dataset_id} is open on this agent as {kind} "
+                    "dataset; open it as one"
+                )
             return ds.key
         options = json.loads(req.storage_options_json) if req.storage_options_json else None
         storage = RemoteStorage(req.url, options, self._remote_slots, self._limiter, self.counters)
