@@ -24,9 +24,14 @@ The images: benchmarks/image_corpus.py's records dataset where it exists
 gradients, edges and noise, 300-500 pixels a side, quality 75-95) written as a records
 dataset under ``benchmarks/.work/gpu_decode`` (the device machine has no Debian photos).
 
-DALI (``decode="dali"`` in issue 15) is not measured here: its wheel (nvidia-dali-cuda130,
-some hundreds of MB) is over what a device call may carry (64 MiB), and the lent
-machine's image does not have it; its torchvision (0.26) has nvJPEG decode.
+3. **DALI** (``RecordDataset(decode="dali")``, where NVIDIA DALI imports): the same
+   loader hands the bytes with each image's crop box and flip, and DALI's pipeline
+   decodes only the box (``decoders.image_slice``), resizes and flips, on the GPU
+   (``device="mixed"``, nvJPEG) where CUDA is, and on the CPU (DALI's CPU backend) with
+   ``--dali-cpu`` (or where there is no GPU): stoker's plan, state and metrics, DALI's
+   decode. The lent machine's image has no DALI, and its wheel (some hundreds of MB) is
+   over what a device call may carry (64 MiB): there the DALI side is skipped unless
+   the image gains it.
 
 Without CUDA or torchvision it measures the CPU side alone (``--quick``: a smoke test of
 that) and says so. On this project's H200 lease (python3 with torch and torchvision,
@@ -159,29 +164,33 @@ def gpu_crops(batch: dict[str, Any], seed: int, epoch: int, device: Any) -> Any:
     return out
 
 
-def measure(url: str, images: int, workers: int, gpu: bool, seed: int = 0) -> dict[str, Any]:
-    """``images`` images of one pass of epoch 0 (at most the dataset's), CPU or GPU decode."""
+def measure(url: str, images: int, workers: int, side: str, seed: int = 0) -> dict[str, Any]:
+    """``images`` images of one pass of epoch 0 (at most the dataset's), decoded by
+    ``side``: ``cpu`` (stoker's), ``gpu`` (nvJPEG via torchvision), ``dali-gpu`` or
+    ``dali-cpu``."""
     import torch
 
     import stoker
 
     kw: dict[str, Any] = {"image_size": SIZE, "batch_size": BATCH, "seed": seed}
-    if gpu:
+    if side == "gpu":
         kw |= {"decode": False, "max_bytes": 1 << 20}
+    elif side.startswith("dali"):
+        kw |= {"decode": "dali", "dali_device": side[5:], "max_bytes": 1 << 20}
     ds = stoker.RecordDataset(url, **kw)
     loader = stoker.TokenLoader(ds, workers)
-    device = torch.device("cuda") if gpu else None
+    device = torch.device("cuda") if side == "gpu" else None
     n, first = 0, None
     with Utilisation() as util:
         cpu0, t0 = _cpu_seconds(), time.perf_counter()
         for batch in loader:  # (one pass of epoch 0: at most the dataset's images)
-            got = gpu_crops(batch, seed, 0, device) if gpu else batch["image"]
+            got = gpu_crops(batch, seed, 0, device) if side == "gpu" else batch["image"]
             if first is None:
-                first = (batch, got.cpu() if gpu else got)
+                first = (batch, got.cpu())
             n += len(batch["sample_id"])
             if n >= images:
                 break
-        if gpu:
+        if torch.cuda.is_available():
             torch.cuda.synchronize()
         dt, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
     loader.close()
@@ -202,6 +211,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, help="default 3")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--make", type=int, default=4096, help="images made without the corpus")
+    ap.add_argument(
+        "--dali-cpu", action="store_true", help="also DALI's CPU backend (where there is a GPU)"
+    )
     args = ap.parse_args()
     images = args.images or (256 if args.quick else 8192)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -214,22 +226,30 @@ def main() -> int:
         why = "" if gpu else "no CUDA device"
     except Exception as exc:  # (PyPI's torchvision does not import beside a CPU torch build)
         gpu, why = False, f"torchvision does not import ({type(exc).__name__})"
+    try:
+        import nvidia.dali  # noqa: F401
+
+        dali = ["dali-gpu"] if torch.cuda.is_available() else []
+        dali += ["dali-cpu"] if args.dali_cpu or not torch.cuda.is_available() else []
+    except ImportError:
+        dali = []
     url = str(dataset(min(args.make, 512) if args.quick else args.make))
-    runs: dict[str, list[dict[str, Any]]] = {"cpu": [], "gpu": []}
-    diff = None
+    sides = ["cpu"] + (["gpu"] if gpu else []) + dali
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     for _ in range(rounds):
-        runs["cpu"].append(measure(url, images, args.workers, gpu=False))
-        if gpu:
-            runs["gpu"].append(measure(url, images, args.workers, gpu=True))
-    if gpu:
-        (_, cpu_img), (_, gpu_img) = runs["cpu"][0]["_first"], runs["gpu"][0]["_first"]
-        diff = float((cpu_img.int() - gpu_img.int()).abs().float().mean())
+        for side in sides:
+            runs[side].append(measure(url, images, args.workers, side))
+    diffs = {}
+    for side in sides[1:]:  # the first batch's crops against the CPU's
+        (_, cpu_img), (_, img) = runs["cpu"][0]["_first"], runs[side][0]["_first"]
+        diffs[side] = float((cpu_img.int() - img.int()).abs().float().mean())
+    diff = diffs.get("gpu")
     for rs in runs.values():
         for r in rs:
             r.pop("_first", None)
 
     def med(side: str, key: str) -> float | None:
-        vals = [r[key] for r in runs[side] if r[key] is not None]
+        vals = [r[key] for r in runs.get(side, []) if r[key] is not None]
         return statistics.median(vals) if vals else None
 
     out = {
@@ -245,6 +265,15 @@ def main() -> int:
         "gpu_cpu_cores": med("gpu", "cpu_cores") if gpu else None,
         "gpu_util": med("gpu", "gpu_util") if gpu else None,
         "mean_abs_diff_first_batch": diff,
+        "dali": {
+            side: {
+                "images_s": med(side, "images_s"),
+                "cpu_cores": med(side, "cpu_cores"),
+                "gpu_util": med(side, "gpu_util"),
+                "mean_abs_diff_first_batch": diffs[side],
+            }
+            for side in dali
+        },
         "runs": runs,
     }
     WORK.mkdir(parents=True, exist_ok=True)
@@ -255,7 +284,7 @@ def main() -> int:
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if not gpu:
         print(f"GPU side not measured: {why}")
-    elif not args.quick:
+    if gpu and not args.quick:
         from docsection import replace_section
 
         replace_section(ROOT / "docs" / "benchmarks.md", HEADING, render(out))
@@ -279,8 +308,20 @@ def render(out: dict[str, Any]) -> str:
             f"| GPU (nvJPEG via torchvision, bytes from stoker's reader) | {g:,.0f} | "
             f"{out['gpu_cpu_cores']:.1f} | {out['gpu_util'] or 0:.0f}% |",
             "",
+            *[
+                f"| DALI {side[5:].upper()} (stoker's decode='dali', dali_device="
+                f"'{side[5:]}') | {d['images_s']:,.0f} | {d['cpu_cores']:.1f} | "
+                f"{d['gpu_util'] or 0:.0f}% |"
+                for side, d in out["dali"].items()
+            ],
+            "",
             f"GPU / CPU: {g / c:.2f}x. First batch's crops, GPU against CPU: mean absolute "
-            f"difference {out['mean_abs_diff_first_batch']:.1f} levels (different resamplers).",
+            f"difference {out['mean_abs_diff_first_batch']:.1f} levels (different resamplers)"
+            + "".join(
+                f"; DALI {side[5:].upper()} against CPU {d['mean_abs_diff_first_batch']:.1f}"
+                for side, d in out["dali"].items()
+            )
+            + ".",
             "",
         ]
     )

@@ -382,7 +382,12 @@ class TokenLoader:
         self._ready = 0
         batches, self._suspended = self._suspended, None
         if batches is None:
-            batches = self._iter(pl, lend)
+            stage = getattr(self.dataset, "batch_stage", lambda: None)()
+            # (a batch a dataset's stage makes here, a records dataset's DALI decode, is a
+            # new one: the slots it was made from are not lent on to the device tier)
+            batches = self._iter(pl, lend if stage is None else None)
+            if stage is not None:
+                batches = stage(batches)
         keep = False
         try:
             count = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +37,9 @@ from stoker.storage import RetryPolicy
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
+    from stoker.records.dali import DaliDecode
+
+Batch = dict[str, Any]
 
 AUGMENTS = ("train", "eval", "resize")
 #: Rows planned ahead at least (the reader fetches blocks a few ahead of their use).
@@ -93,6 +96,16 @@ class RecordDataset(PlannedDataset):
     warning. Every rank still gets the same number of batches of the same size. The
     default raises the error, naming the row, block and file.
 
+    ``decode="dali"``: decoded by NVIDIA DALI in the loader's process, on the GPU
+    (``dali_device="gpu"``, the default: nvJPEG; the batch's ``image`` is then on the
+    GPU) or on the CPU (``dali_device="cpu"``), fed the stored bytes by this dataset's
+    reader, so the plan, the state, the node agent, leases and metrics are stoker's
+    (:mod:`stoker.records.dali`). The crop and flip are the same as stoker's decoder
+    gives (the pixels differ by rounding); there is no ``transform``. Without DALI, or
+    without a GPU for ``dali_device="gpu"``, the images are decoded on the CPU as with
+    ``decode=True``, after one warning. ``stoker.TokenLoader`` runs the DALI stage
+    itself; a torch ``DataLoader``'s batches go through :meth:`finish_batches`.
+
     ``image_column`` (default: ``image``, else the only binary column) holds the
     encoded bytes (JPEG, PNG, WebP, anything Pillow reads); ``label_column`` (default:
     ``label`` when there is one; ``False``: none) an integer per row.
@@ -123,8 +136,9 @@ class RecordDataset(PlannedDataset):
         storage_options: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         max_pixels: int = MAX_PIXELS,
-        decode: bool = True,
+        decode: bool | str = True,
         max_bytes: int = 1 << 20,
+        dali_device: str = "gpu",
         decoder: str = "auto",
         cache: AgentConfig | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -148,11 +162,15 @@ class RecordDataset(PlannedDataset):
             raise ConfigError(f"hold must be one of {list(HOLDS)}, got {hold!r}")
         if short_side is not None and short_side < 1:
             raise ConfigError(f"short_side must be >= 1 (or None), got {short_side}")
-        if not decode and (hold == "images" or short_side is not None):
+        if decode not in (True, False, "dali"):
+            raise ConfigError(f"decode must be True, False or 'dali', got {decode!r}")
+        if decode is not True and (hold == "images" or short_side is not None):
             raise ConfigError(
-                "decode=False hands out the stored bytes: it takes neither hold='images' "
-                "nor short_side"
+                f"decode={decode!r} decodes from the stored bytes: it takes neither "
+                "hold='images' nor short_side"
             )
+        if decode == "dali":
+            decode = self._dali(dali_device, transform)
         self.agent: AgentClient | None = _agent(cache, cache_dir, agent)
         disk = (
             DiskCache(cache_dir, AgentConfig.cache_limit) if agent is False and cache_dir else None
@@ -169,6 +187,8 @@ class RecordDataset(PlannedDataset):
         if max_bytes < 1:
             raise ConfigError(f"max_bytes must be >= 1, got {max_bytes}")
         self.decode, self.max_bytes = decode, max_bytes
+        self.dali_device = dali_device
+        self._dali_decode: DaliDecode | None = None
         self.hold, self.short_side = hold, short_side
         #: the image decoded whole (and resized) first, then augmented from its pixels
         self.prepared = hold == "images" or short_side is not None
@@ -184,6 +204,78 @@ class RecordDataset(PlannedDataset):
         self.rank, self.world_size = rank, world_size
         self.name = self.source.url
         self._init_epochs()
+
+    def _dali(self, device: str, transform: Transform | None) -> bool | str:
+        """``decode="dali"`` as it will be here: "dali", or True (stoker's CPU decode, with
+        one warning) where DALI or the GPU asked for is missing."""
+        from stoker.records.dali import DEVICES, unavailable
+
+        if device not in DEVICES:
+            raise ConfigError(f"dali_device must be one of {list(DEVICES)}, got {device!r}")
+        if transform is not None:
+            raise ConfigError("decode='dali' crops and flips in DALI: it takes no transform")
+        why = unavailable(device)
+        if why is None:
+            return "dali"
+        warnings.warn(
+            f"decode='dali': {why}; decoding on the CPU (stoker's decoder) instead",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return True
+
+    def finish_batches(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """``batches`` as training receives them: with ``decode="dali"``, their images
+        decoded by DALI in this process (:mod:`stoker.records.dali`); otherwise as they
+        are. ``stoker.TokenLoader`` does it itself; pass a torch ``DataLoader``'s
+        batches through it."""
+        stage = self.batch_stage()
+        return batches if stage is None else stage(batches)
+
+    def batch_stage(self) -> DaliDecode | None:
+        """What the loader's process does to each batch before handing it out: with
+        ``decode="dali"``, DALI's decode (made on first use, one per process)."""
+        if self.decode != "dali":
+            return None
+        if self._dali_decode is None:
+            from stoker.records.dali import DaliDecode
+
+            self._dali_decode = DaliDecode(
+                self.image_size, self.batch_size, self.dali_device, self._rescue,
+                threads=decoding_threads(),
+            )  # fmt: skip
+        return self._dali_decode
+
+    def _rescue(
+        self, data: bytes, box: tuple[int, int, int, int], flip: bool, sid: int
+    ) -> np.ndarray | None:
+        """One image DALI did not decode, decoded here on the same box: the error named
+        (row, block, file), or None with ``on_error="skip"`` (counted)."""
+        s = self.image_size
+        try:
+            got = decode_region(data, (s, s), lambda w, h: box, flip, self.max_pixels,
+                                self.decoder)  # fmt: skip
+        except ImageError as exc:
+            (b,) = self.source.block_of(np.array([sid])).tolist()
+            ref = self.source.manifest.block_file(b)
+            where = f"{self.source.storage.url_of(ref.path)}: row {sid} (block {b})"
+            if self.on_error != "skip":
+                raise ImageError(f"{where}: {exc}") from exc
+            registry().image_event("skipped")
+            if not self._warned_skip:
+                self._warned_skip = True
+                warnings.warn(
+                    f"{where} skipped ({exc}); further ones are counted in stoker_images_skipped",
+                    stacklevel=2,
+                )
+            return None
+        registry().image_event("decoded")
+        return got
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_dali_decode"] = None  # (a DALI pipeline is the loader process's own)
+        return state
 
     def _image_column(self, name: str | None) -> str:
         schema = self.source.schema
@@ -287,9 +379,11 @@ class RecordDataset(PlannedDataset):
         s = self.image_size
         fields = (
             {"image": Field(torch.uint8, (3, s, s))}
-            if self.decode
+            if self.decode is True
             else {"data": Field(torch.uint8, (self.max_bytes,)), "length": Field(torch.int64)}
         )
+        if self.decode == "dali":  # the crop box (left, top, w, h) and flip DALI applies
+            fields.update(box=Field(torch.int32, (4,)), flip=Field(torch.bool))
         if self.label_column is not None:
             fields["label"] = Field(torch.int64)
         if self.on_error == "skip":
@@ -325,7 +419,7 @@ class RecordDataset(PlannedDataset):
         try:
             self._make(row, epoch, sid, out, i)
         except ImageError as exc:
-            for name in ("image", "data", "length"):
+            for name in ("image", "data", "length", "box", "flip"):
                 if name in out:
                     out[name][i] = 0
             if "label" in out:
@@ -349,10 +443,15 @@ class RecordDataset(PlannedDataset):
             self._make_prepared(row, epoch, sid, out["image"], i)
         elif data is None:
             raise ImageError(f"column {self.image_column!r} is empty (null)")
-        elif not self.decode:
+        elif self.decode is not True:
             n = len(data)
             if n > self.max_bytes:
                 raise ImageError(f"{n} bytes, more than max_bytes ({self.max_bytes})")
+            if self.decode == "dali":  # its header: the box is in its pixels
+                img = open_image(data, self.max_pixels)
+                box, flip = self._box(epoch, sid)
+                out["box"][i] = box(img.width, img.height)
+                out["flip"][i] = flip
             row_out = out["data"][i]
             row_out[:n] = np.frombuffer(data, dtype=np.uint8)
             row_out[n:] = 0
