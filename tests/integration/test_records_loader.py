@@ -235,6 +235,43 @@ def test_a_users_transform_gets_a_generator_seeded_by_epoch_and_sample(images: P
         )
 
 
+class TorchCrop(torch.nn.Module):
+    """A transform as torchvision's are: a module of the image alone, drawing its random
+    choices from torch's generator (a random SIZE x SIZE window, flipped for half)."""
+
+    def forward(self, image: object) -> torch.Tensor:
+        a = torch.from_numpy(np.array(image)).permute(2, 0, 1)
+        a = torch.nn.functional.pad(a, (0, max(0, SIZE - a.shape[2]), 0, max(0, SIZE - a.shape[1])))
+        top = int(torch.randint(0, a.shape[1] - SIZE + 1, ()))
+        left = int(torch.randint(0, a.shape[2] - SIZE + 1, ()))
+        out = a[:, top : top + SIZE, left : left + SIZE]
+        return out.flip(-1) if float(torch.rand(())) < 0.5 else out
+
+
+def test_a_torch_transform_draws_the_samples_own_choices(images: Path) -> None:
+    before = torch.random.get_rng_state()
+    runs = [list(stoker.TokenLoader(dataset(images, transform=TorchCrop()), nw)) for nw in (0, 2)]
+    assert torch.equal(torch.random.get_rng_state(), before)  # torch's generator restored
+    assert same(runs[0], runs[1])  # whatever the workers (and the decode threads at 0)
+    loader = stoker.TokenLoader(dataset(images, transform=TorchCrop()), 0)
+    first, second = list(loader), list(loader)
+    one = {int(i): b["image"][j] for b in first for j, i in enumerate(b["sample_id"])}
+    two = {int(i): b["image"][j] for b in second for j, i in enumerate(b["sample_id"])}
+    assert sum(not torch.equal(one[i], two[i]) for i in range(N)) > 0.8 * N
+    # a resumed run makes the same choices
+    loader = stoker.TokenLoader(dataset(images, transform=TorchCrop()), 2)
+    it = iter(loader)
+    head = [next(it) for _ in range(4)]
+    state = loader.state_dict()
+    it.close()
+    again = stoker.TokenLoader(dataset(images, transform=TorchCrop()), 0)
+    again.load_state_dict(state)
+    assert same(head + list(again), runs[0])
+    # a function of the image alone is called the same way
+    fn = list(stoker.TokenLoader(dataset(images, transform=lambda img: TorchCrop()(img)), 2))
+    assert same(fn, runs[0])
+
+
 def test_undecoded_bytes_cross_from_workers_in_fixed_rows(images: Path) -> None:
     src = stoker.RecordSource(str(images))
     stored = src.rows(range(N)).column("image").to_pylist()

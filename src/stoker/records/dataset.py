@@ -4,6 +4,7 @@ augmented, with their labels."""
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -46,9 +47,13 @@ AUGMENTS = ("train", "eval", "resize")
 _HORIZON = 512
 
 #: A user's transform: ``(image, rng) -> image``, the decoded image (Pillow, RGB) and a
-#: generator seeded from (seed, epoch, sample id); it returns an array of shape ``(3,
-#: size, size)`` or ``(size, size, 3)`` of uint8 (or a Pillow image of that size).
-Transform = Callable[[Any, np.random.Generator], Any]
+#: generator seeded from (seed, epoch, sample id); or ``(image) -> image`` (a torchvision
+#: transform, v1 or v2, or any ``torch.nn.Module``), drawing from torch's generator,
+#: seeded the same way for the call. It returns an array or tensor of shape ``(3, size,
+#: size)`` or ``(size, size, 3)`` of uint8 (or a Pillow image of that size).
+Transform = Callable[..., Any]
+#: (torch's global generator, seeded for one sample's transform at a time in a process)
+_TORCH_RNG = threading.Lock()
 
 
 class RecordDataset(PlannedDataset):
@@ -62,7 +67,11 @@ class RecordDataset(PlannedDataset):
     (the whole image resized to ``image_size`` square). Every random choice is a pure
     function of ``(seed, epoch, sample id)``: the same sample gets the same crop in an
     epoch whatever the ranks, workers and restarts. ``transform(image, rng)`` replaces
-    the built-in augmentation (``rng``: a numpy Generator seeded the same way).
+    the built-in augmentation (``rng``: a numpy Generator seeded the same way); so does
+    a transform of one argument, a torchvision one (``transforms.v2.Compose([...])``) or
+    any ``torch.nn.Module``: it is called with torch's generator seeded from the same
+    key (and restored after), one such call at a time in a process, so its random
+    choices are the sample's too.
     Normalisation belongs on the GPU: uint8 crosses the bus.
 
     ``decoder``: ``"auto"`` (OpenCV for RGB and grayscale JPEGs when it is installed, as
@@ -180,6 +189,8 @@ class RecordDataset(PlannedDataset):
         self.image_column = self._image_column(image_column)
         self.label_column = self._label_column(label_column)
         self.image_size, self.augment, self.transform = image_size, augment, transform
+        #: the transform takes the image alone and draws from torch's generator
+        self._torch_transform = transform is not None and _takes_image_only(transform)
         self.max_pixels = max_pixels
         if decoder not in DECODERS:
             raise ConfigError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
@@ -457,8 +468,7 @@ class RecordDataset(PlannedDataset):
             row_out[n:] = 0
             out["length"][i] = n
         elif self.transform is not None:
-            rng = _generator(self.seed, epoch, sid)
-            got = self.transform(rgb(open_image(data, self.max_pixels)), rng)
+            got = self._transformed(rgb(open_image(data, self.max_pixels)), epoch, sid)
             out["image"][i] = _chw(got, s)
         else:
             box, flip = self._box(epoch, sid)
@@ -501,11 +511,40 @@ class RecordDataset(PlannedDataset):
         if self.transform is not None:
             from PIL import Image
 
-            got = self.transform(Image.fromarray(pixels, "RGB"), _generator(self.seed, epoch, sid))
+            got = self._transformed(Image.fromarray(pixels, "RGB"), epoch, sid)
             out[i] = _chw(got, s)
             return
         box, flip = self._box(epoch, sid)
         out[i] = region(pixels, (s, s), box, flip, self.decoder)
+
+    def _transformed(self, image: Any, epoch: int, sid: int) -> Any:
+        """The user's transform of sample ``sid``'s image, its draws the sample's."""
+        assert self.transform is not None
+        if not self._torch_transform:
+            return self.transform(image, _generator(self.seed, epoch, sid))
+        key = int(augment.sample_keys(self.seed, epoch, np.array([sid]))[0])
+        with _TORCH_RNG, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(key >> 1)  # (63 bits: what manual_seed takes as it is)
+            return self.transform(image)
+
+
+def _takes_image_only(transform: Transform) -> bool:
+    """Whether ``transform`` is called with the image alone: a ``torch.nn.Module`` (as
+    torchvision's transforms are), or a callable that takes one positional argument."""
+    if isinstance(transform, torch.nn.Module):
+        return True
+    import inspect
+
+    try:
+        params = inspect.signature(transform).parameters.values()
+    except (TypeError, ValueError):  # (no signature to read: the documented two arguments)
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return False
+    return len(positional) == 1 or (
+        len(positional) > 1 and all(p.default is not p.empty for p in positional[1:])
+    )
 
 
 def _generator(seed: int, epoch: int, sid: int) -> np.random.Generator:
