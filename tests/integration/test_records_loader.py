@@ -153,13 +153,18 @@ def test_a_coordinator_feeds_records_exactly_once(images: Path) -> None:
         assert (b["label"] == (b["sample_id"] * 7) % 10).all()
 
 
-def test_records_mix_with_records(images: Path, tmp_path: Path) -> None:
+def small_records(root: Path, n: int) -> Path:
+    """``n`` images labelled 100 + their row, in a dataset of their own."""
     rng = np.random.default_rng(5)
     stoker.write_records(
-        [{"image": photo_jpeg(rng, 50, 70), "label": 100 + i} for i in range(40)],
-        str(tmp_path / "small"), schema={"image": "binary", "label": "int64"},
-        block_bytes=20_000,
+        [{"image": photo_jpeg(rng, 50, 70), "label": 100 + i} for i in range(n)],
+        str(root), schema={"image": "binary", "label": "int64"}, block_bytes=20_000,
     )  # fmt: skip
+    return root
+
+
+def test_records_mix_with_records(images: Path, tmp_path: Path) -> None:
+    small_records(tmp_path / "small", 40)
     mix = stoker.Mixture(
         {"big": dataset(images, batch_size=1), "small": dataset(tmp_path / "small", batch_size=1)},
         {"big": 0.75, "small": 0.25},
@@ -171,6 +176,43 @@ def test_records_mix_with_records(images: Path, tmp_path: Path) -> None:
         assert int((b["source"] == 1).sum()) == B // 4
         small = b["source"] == 1
         assert (b["label"][small] >= 100).all() and (b["label"][~small] < 10).all()
+
+
+def test_a_small_records_sources_repeats_in_a_mixture_epoch_get_fresh_crops(
+    images: Path, tmp_path: Path
+) -> None:
+    from stoker.mixture.stream import decode, source_epochs
+
+    small_records(tmp_path / "small", 24)
+
+    def mixture() -> stoker.Mixture:
+        return stoker.Mixture(
+            {
+                "big": dataset(images, batch_size=1),
+                "small": dataset(tmp_path / "small", batch_size=1),
+            },
+            {"big": 0.5, "small": 0.5},
+            batch_size=B,
+        )  # (an epoch: the big source's 150 samples, so the small one's 24 about 6 times)
+
+    batches = list(stoker.TokenLoader(mixture(), 0))
+    crops: dict[tuple[int, int], torch.Tensor] = {}
+    for b in batches:
+        src, ids = decode(b["sample_id"].numpy())
+        epochs = source_epochs(b["sample_id"].numpy())
+        for j in np.flatnonzero(src == 1).tolist():
+            assert int(b["label"][j]) == 100 + int(ids[j])
+            crops[(int(epochs[j]), int(ids[j]))] = b["image"][j]
+    repeats = sorted({e for e, _ in crops})
+    assert len(repeats) >= 3  # the small source ran epochs of its own
+    for e in repeats[:-1]:  # each whole repeat: every sample once
+        assert sorted(i for ee, i in crops if ee == e) == list(range(24))
+    # a sample's crop differs from one of the source's epochs to the next
+    a, b2 = repeats[0], repeats[1]
+    assert sum(not torch.equal(crops[(a, i)], crops[(b2, i)]) for i in range(24)) > 0.8 * 24
+    # the same with workers
+    again = list(stoker.TokenLoader(mixture(), 2))
+    assert same(again, batches)
 
 
 def test_a_bad_image_is_named_by_row_block_and_file(images: Path, tmp_path: Path) -> None:

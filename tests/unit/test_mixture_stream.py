@@ -9,7 +9,16 @@ from hypothesis import strategies as hs
 from stoker import intervals
 from stoker.mixture.plan import MixPlan
 from stoker.mixture.schedule import WeightSchedule
-from stoker.mixture.stream import MixStream, decode, encode, share_positions, share_start
+from stoker.mixture.stream import (
+    MAX_SOURCE_SAMPLES,
+    MAX_SOURCES,
+    MixStream,
+    decode,
+    encode,
+    share_positions,
+    share_start,
+    source_epochs,
+)
 
 SCHEDULE = WeightSchedule.constant({"a": 5, "b": 3, "c": 2})
 SIZES = [50, 17, 9]
@@ -47,9 +56,15 @@ def test_shares_cover_an_epoch_set_once_in_contiguous_runs(
     assert got == intervals.members_at(iv, np.arange(n)).tolist()
 
 
-def test_ids_encode_their_source() -> None:
-    src, ids = decode(encode(np.array([0, 2, 7]), np.array([5, (1 << 48) - 1, 0])))
-    assert src.tolist() == [0, 2, 7] and ids.tolist() == [5, (1 << 48) - 1, 0]
+def test_ids_encode_their_source_and_its_epoch() -> None:
+    top = MAX_SOURCE_SAMPLES - 1
+    got = encode(
+        np.array([0, 2, 7, MAX_SOURCES - 1]), np.array([5, top, 0, top]), np.array([0, 3, 65537, 9])
+    )
+    src, ids = decode(got)
+    assert src.tolist() == [0, 2, 7, MAX_SOURCES - 1] and ids.tolist() == [5, top, 0, top]
+    assert source_epochs(got).tolist() == [0, 3, 1, 9]  # (modulo 2 ** 16)
+    assert (got >= 0).all() and len(set(got.tolist())) == 4
 
 
 @settings(max_examples=40, deadline=None)

@@ -37,7 +37,8 @@ class Batch:
 def _stream(text: str) -> Any:
     """The position -> sample id map of a consumers' stream description: a dataset's
     (``plan.Stream``) or a mixture's (:class:`~stoker.mixture.stream.MixStream`, its
-    sample ids ``source << 48 | id``); None without one."""
+    sample ids its source, the source's epoch and id: :func:`~stoker.mixture.stream.encode`);
+    None without one."""
     if not text:
         return None
     s = json.loads(text)

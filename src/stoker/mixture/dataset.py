@@ -39,6 +39,8 @@ from stoker.mixture.plan import MixPlan, schedule_of, weights_json
 from stoker.mixture.reader import SOURCE, MixReader
 from stoker.mixture.schedule import WeightSchedule
 from stoker.mixture.stream import (
+    MAX_SOURCE_SAMPLES,
+    MAX_SOURCES,
     EpochSets,
     EpochSizes,
     JoinedStream,
@@ -120,6 +122,14 @@ class Mixture(PlannedDataset):
                     f"source {n!r} holds {dict(ds.layout)}, source {self.names[0]!r} "
                     f"{dict(first.layout)}: a mixture's sources must hold the same fields "
                     "(token datasets of one seq_len)"
+                )
+        if len(self.names) > MAX_SOURCES:
+            raise ConfigError(f"a mixture has {MAX_SOURCES} sources at most, not {len(self.names)}")
+        for n, ds in self.sources.items():
+            if ds.num_samples > MAX_SOURCE_SAMPLES:
+                raise ConfigError(
+                    f"source {n!r} has {ds.num_samples:,} samples; a mixture's source has "
+                    f"{MAX_SOURCE_SAMPLES:,} at most (2**40: the bits of its sample ids)"
                 )
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
@@ -298,9 +308,10 @@ class Mixture(PlannedDataset):
         return Layout({**fields, SOURCE: Field(torch.int64)})
 
     def open_reader(self, epoch: int = 0, decoding: int | None = None) -> MixReader:
-        """The sources' readers, each opened for the mixture's ``epoch`` (a source runs
-        epochs of its own, which its sample ids do not carry: a kind whose samples are
-        random, as augmented records are, draws them from the mixture's epoch)."""
+        """The sources' readers, each opened for the mixture's ``epoch``; a source runs
+        epochs of its own, which the mixture's sample ids carry, and a reader whose samples
+        are random (augmented records: ``per_row_epochs``) draws each row from its
+        source's epoch."""
         readers: list[Reader] = []
         # the sources' readers decode as many blocks at once as one source's would, shared
         # out (at least one each): a decode thread each of three sources, not two, ran a

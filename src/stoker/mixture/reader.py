@@ -20,7 +20,7 @@ import numpy as np
 
 from stoker.loader.batch import SAMPLE_ID, Layout
 from stoker.loader.consumer import Reader
-from stoker.mixture.stream import decode
+from stoker.mixture.stream import EPOCH_SHIFT, SOURCE_SHIFT
 from stoker.observe.registry import registry
 
 SOURCE = "source"
@@ -31,19 +31,29 @@ SOURCE = "source"
 CHUNK = 64
 _BUFFER = 1 << 20
 _EMPTY = np.zeros(0, dtype=np.int64)
+_KEY = (1 << SOURCE_SHIFT) - 1  # a mixture id's bits below the source: epoch and id
+_ID = (1 << EPOCH_SHIFT) - 1
+
+
+def _split(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A source's ids and epochs of keys (a mixture id's bits below the source's)."""
+    return keys & _ID, keys >> EPOCH_SHIFT
 
 
 class _Ahead:
-    """One source's reader, the ids it is planned with, and rows read of them but not yet
-    handed out."""
+    """One source's reader, the keys it is planned with (each a sample id and the
+    source's epoch it is of), and rows read of them but not yet handed out. A reader whose
+    samples are random (``per_row_epochs``: augmented records) is told each row's epoch;
+    it was opened for the mixture's."""
 
     def __init__(self, reader: Reader, layout: Layout, chunk: int, name: str) -> None:
         self.reader, self.layout, self.chunk, self.name = reader, layout, chunk, name
+        self.epochs = bool(getattr(reader, "per_row_epochs", False))
         self.fields = [k for k in layout if k not in (SOURCE, SAMPLE_ID)]
         self.buf = self._allocate(chunk)
-        self.held = np.zeros(chunk, dtype=np.int64)  # of buffer rows [lo, hi): their ids
+        self.held = np.zeros(chunk, dtype=np.int64)  # of buffer rows [lo, hi): their keys
         self.lo = self.hi = 0
-        self.ids = _EMPTY  # the reader's plan: ids not read from it yet, from ``at`` on
+        self.ids = _EMPTY  # the reader's plan: keys not read from it yet, from ``at`` on
         self.at = 0
         # rows a read fetches beyond the batch's need: none after a new plan (its first
         # batch waits only for its own rows), then doubling up to a chunk
@@ -53,7 +63,7 @@ class _Ahead:
         return {k: v for k, v in self.layout.allocate(rows).items() if k in self.fields}
 
     def plan(self, ids: np.ndarray) -> None:
-        """The source's ids that come next; rows held that are still their head stay
+        """The source's keys that come next; rows held that are still their head stay
         (those of them that begin it: the rest are let go)."""
         n = self.hi - self.lo
         if n:
@@ -65,7 +75,7 @@ class _Ahead:
                 n = keep
                 self.step = 0
         self.ids, self.at = ids[n:], 0
-        self.reader.plan(self.ids)
+        self.reader.plan(_split(self.ids)[0])
 
     def take(self, n: int) -> int:
         """Hand out the next ``n`` rows (reading the next ones first when fewer are held,
@@ -94,7 +104,12 @@ class _Ahead:
         self.step = min(self.chunk, 2 * m)
         ids = self.ids[self.at : self.at + m]
         start = time.perf_counter()
-        self.reader.fill(ids, {k: v[held : held + m] for k, v in self.buf.items()})
+        rows, epochs = _split(ids)
+        out = {k: v[held : held + m] for k, v in self.buf.items()}
+        if self.epochs:
+            self.reader.fill(rows, out, epochs=epochs)  # type: ignore[call-arg]
+        else:
+            self.reader.fill(rows, out)
         registry().source_read(self.name, time.perf_counter() - start, m)
         self.held[held : held + m] = ids
         self.at += m
@@ -125,9 +140,9 @@ class MixReader:
 
     def plan(self, upcoming: np.ndarray) -> None:
         upcoming = np.asarray(upcoming, dtype=np.int64)
-        src, ids = decode(upcoming)
+        src, keys = upcoming >> SOURCE_SHIFT, upcoming & _KEY
         for i, a in enumerate(self._ahead):
-            a.plan(ids[src == i])
+            a.plan(keys[src == i])
         self._planned, self._src, self._at = upcoming, src, 0
 
     def fill(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> None:

@@ -12,8 +12,11 @@ its stream positions ``[f S, (f + 1) S)`` (``S`` its samples), cut into one
 contiguous share per rank; the item is the owner's share's ``local index``-th
 position, mapped to a sample id by the source's own plan (its shuffle).
 
-A mixture's sample id encodes the source: ``source << SOURCE_SHIFT | id``
-(:func:`encode`, :func:`decode`).
+A mixture's sample id encodes the source, the source's epoch (modulo
+``2 ** EPOCH_BITS``) and the source's own sample id: ``source << SOURCE_SHIFT |
+epoch << EPOCH_SHIFT | id`` (:func:`encode`, :func:`decode`, :func:`source_epochs`), so
+a small source's repeats within one mixture epoch are distinct samples, and a kind
+whose samples are random (augmented records) draws each from the source's own epoch.
 """
 
 from __future__ import annotations
@@ -28,20 +31,38 @@ import numpy as np
 from stoker import intervals
 from stoker.mixture.plan import MixPlan
 
-#: Bits of a mixture's sample id that hold the source's own sample id.
-SOURCE_SHIFT = 48
-_MASK = (1 << SOURCE_SHIFT) - 1
+#: Bits of a mixture's sample id that hold the source's own sample id (below them, the
+#: source's epoch; above, the source).
+EPOCH_SHIFT = 40
+EPOCH_BITS = 16
+SOURCE_SHIFT = EPOCH_SHIFT + EPOCH_BITS
+#: Sources a mixture has at most, and samples a source.
+MAX_SOURCES = 1 << (63 - SOURCE_SHIFT)
+MAX_SOURCE_SAMPLES = 1 << EPOCH_SHIFT
+_MASK = (1 << EPOCH_SHIFT) - 1
+_EPOCHS = (1 << EPOCH_BITS) - 1
 
 
-def encode(source: np.ndarray | int, ids: np.ndarray) -> np.ndarray:
-    """Mixture sample ids of source ``source``'s sample ``ids``."""
-    return (np.asarray(source, dtype=np.int64) << SOURCE_SHIFT) | np.asarray(ids, dtype=np.int64)
+def encode(source: np.ndarray | int, ids: np.ndarray, epochs: np.ndarray | int = 0) -> np.ndarray:
+    """Mixture sample ids of source ``source``'s sample ``ids`` of its epoch ``epochs``."""
+    e = np.asarray(epochs, dtype=np.int64) & _EPOCHS
+    return (
+        (np.asarray(source, dtype=np.int64) << SOURCE_SHIFT)
+        | (e << EPOCH_SHIFT)
+        | np.asarray(ids, dtype=np.int64)
+    )
 
 
 def decode(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(source, the source's sample id)`` of mixture sample ids."""
     a = np.asarray(ids, dtype=np.int64)
     return a >> SOURCE_SHIFT, a & _MASK
+
+
+def source_epochs(ids: np.ndarray) -> np.ndarray:
+    """The source's epoch (modulo ``2 ** EPOCH_BITS``) of each mixture sample id."""
+    out: np.ndarray = (np.asarray(ids, dtype=np.int64) >> EPOCH_SHIFT) & _EPOCHS
+    return out
 
 
 #: A source's current epoch, when it is not its whole stream range: ``(epoch, the
@@ -253,7 +274,7 @@ class MixStream:
                 pos = source_positions(
                     self.sizes[i], e, self.sets, i, self.world, owner[sel], local[sel]
                 )
-                out[sel] = encode(i, self.source_samples[i](pos))
+                out[sel] = encode(i, self.source_samples[i](pos), e)
         return out
 
 
@@ -330,8 +351,9 @@ class _Reindexed:
         self.inner, self.perm = inner, perm
 
     def samples(self, positions: np.ndarray) -> np.ndarray:
-        src, ids = decode(self.inner.samples(positions))
-        return encode(self.perm[src], ids)
+        got = self.inner.samples(positions)
+        src, ids = decode(got)
+        return encode(self.perm[src], ids, source_epochs(got))
 
     def state_at(self, step: int) -> dict[str, Any]:
         return dict(self.inner.state_at(step))

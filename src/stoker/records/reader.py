@@ -169,7 +169,15 @@ class RecordReader:
         return self._io
 
     # -- taking -------------------------------------------------------------------------
-    def fill(self, ids: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    #: a mixture's reader tells it each row's epoch (the source's own: its samples are
+    #: random, drawn from the epoch and the id)
+    per_row_epochs = True
+
+    def fill(
+        self, ids: np.ndarray, out: dict[str, np.ndarray], epochs: np.ndarray | None = None
+    ) -> None:
+        """The rows of ``ids`` made into ``out``, each of the reader's epoch, or of its
+        own in ``epochs`` (a mixture's source: the source's epoch)."""
         if self._closed:
             raise RuntimeError("this RecordReader is closed")
         ids = np.asarray(ids, dtype=np.int64)
@@ -183,12 +191,13 @@ class RecordReader:
                 self._blocks[b] = self._pool().submit(self._fetch, b)
         got = {b: self._blocks[b].result().rows for b in np.unique(blocks).tolist()}
         local = ids - self.source.first_rows[blocks]
+        each = None if epochs is None else np.asarray(epochs, dtype=np.int64).tolist()
         epoch = self.epoch
 
         def one(i: int) -> None:
             b, r = int(blocks[i]), int(local[i])
             try:
-                self.make(got[b](r), epoch, int(ids[i]), out, i)
+                self.make(got[b](r), epoch if each is None else each[i], int(ids[i]), out, i)
             except Exception as exc:
                 ref = self.source.manifest.block_file(b)
                 where = f"{self.source.storage.url_of(ref.path)}: row {int(ids[i])} (block {b})"
