@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 import stoker
+from stoker.cache import connection
 from stoker.cache.agent import remove_tree
 from stoker.cache.client import AgentClient
 from stoker.cache.layout import map_block
@@ -301,6 +303,38 @@ def test_a_reader_reads_storage_itself_while_the_agent_it_started_starts(
     client.hand_over(ds)
     assert client.stats()["pinned_blocks"] == 0
     client.close()
+
+
+def test_a_closing_reader_starts_no_agent_when_its_agent_died(
+    serve_dir, dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    _, url = serve_dir(dataset.path)
+    cache = tmp_path / "cache"
+    agents.dirs.append(cache)
+    client = agents.client(cache, autostart=True)
+    ds = dataset.manifest.dataset_id
+    client.open(url, None, ds)  # starts the agent
+    client.get(ds, 0)  # (read here while it starts)
+    client.plan(ds, [1, 2, 3])
+    client.hand_over(ds)  # waits for it
+    assert client.get(ds, 1).pinned
+    client.release(ds, [1])  # (waits for the next get, or a flush)
+    pid = agents.pid_of(cache)
+    os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid)
+    client._skipped[ds] = {2}  # as a reader that read while an agent started
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        client.flush_releases()  # a reader's close: releases, then what it read itself
+        client.hand_over(ds)
+    assert agents.pid_of(cache) == pid  # no agent started for them (the dead one's lock)
+    with pytest.raises(OSError):
+        connection.connect(AgentPaths(cache), 1.0, 1.0)
+    assert not caught and not client.falling_back  # no warning, no fall-back to storage
+    # reading again starts one, as after any agent's death
+    client.get(ds, 2)
+    client.holdings(ds)  # (waits for the agent it started)
+    assert agents.pid_of(cache) != pid
 
 
 def _wait_gone(pid: int, timeout: float = 30) -> None:

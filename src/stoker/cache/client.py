@@ -37,6 +37,7 @@ are in :mod:`stoker.cache.starting`; connecting and probing its socket in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -45,6 +46,7 @@ import subprocess
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from stoker import errors
@@ -144,11 +146,14 @@ class AgentClient:
         self._unpin_lock = threading.Lock()
         self.reconnects = 0
         self.fallbacks = 0  # times this process stopped using the agent
+        self._no_spawn = False  # a closing reader's requests: no agent started for them
+        self._lost = False  # one of them found no agent
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for k in ("_sock", "_lock", "_pid", "_warned_inline", "_warned_fallback", "_probe",
-                  "_starting", "_skipped", "_plans", "_unpin", "_unpin_lock"):  # fmt: skip
+                  "_starting", "_skipped", "_plans", "_unpin", "_unpin_lock", "_no_spawn",
+                  "_lost"):  # fmt: skip
             state.pop(k, None)
         state["_opened"] = {k: v.SerializeToString() for k, v in self._opened.items()}
         return state
@@ -200,6 +205,8 @@ class AgentClient:
                     "is not running (start one with "
                     f"`stoker agent --cache-dir {self.paths.cache_dir} --cache-limit ...`)"
                 )
+            if spawned is None and self._no_spawn:
+                raise Unanswered("is not running (a closing reader does not start one)")
             if spawned is None:
                 spawned = starting.spawn(self.paths, self._agent_config())
             elif spawned.poll() not in (None, 3):  # 3: another agent won the race; fine
@@ -225,6 +232,10 @@ class AgentClient:
                     raise Unanswered(self._why)
                 resp = self._exchange(req)
             except Unanswered as exc:
+                if self._no_spawn and fallback is not None:  # (a closing reader's)
+                    self._drop()
+                    self._lost = True
+                    return fallback
                 self._fall_back(str(exc))
                 if fallback is not None:
                     return fallback
@@ -259,6 +270,10 @@ class AgentClient:
                 sock = self._connect_once()  # an agent runs: no need to start one
             except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError,
                     BrokenPipeError):  # fmt: skip
+                if self._no_spawn:
+                    raise Unanswered(
+                        "is not running (a closing reader does not start one)"
+                    ) from None
                 self._starting = starting.claim_start(self.paths, self._agent_config())
                 self._start_deadline = time.monotonic() + self.timeout
             except OSError:
@@ -321,7 +336,7 @@ class AgentClient:
                 probe.settimeout(self.request_timeout)
                 self._sock = probe
                 return self._begin()
-        if spawned is None and self._probe is None:
+        if spawned is None and self._probe is None and not self._no_spawn:
             # another reader was starting it and none listens: take over if it gave up
             taken = starting.claim_start(self.paths, self._agent_config())
             if taken.proc is not None:
@@ -532,10 +547,25 @@ class AgentClient:
             return
         with self._unpin_lock:
             waiting, self._unpin = self._unpin, {}
-        for dataset_id, blocks in waiting.items():
-            self._send_release(dataset_id, blocks)
+        with self._closing():
+            for dataset_id, blocks in waiting.items():
+                self._send_release(dataset_id, blocks)
+
+    @contextlib.contextmanager
+    def _closing(self) -> Iterator[None]:
+        """What a closing reader sends: to the agent that answers, or to none. It never
+        starts (or takes over the start of) an agent, and finding none neither warns nor
+        sends the process to storage: a reader's close, racing an agent that died, had
+        started a new one, which loaded the plan the reopen sent it for no one."""
+        self._no_spawn, self._lost = True, False
+        try:
+            yield
+        finally:
+            self._no_spawn = False
 
     def _send_release(self, dataset_id: str, blocks: list[int]) -> None:
+        if self._sock is None:  # no connection: its pins went with the one that took them
+            return  # (and a release never starts an agent)
         req = pb.Request(release=pb.Release(dataset_id=dataset_id, blocks=blocks))
         self._call(req, pb.Response())
 
@@ -554,13 +584,14 @@ class AgentClient:
         if self._pid != os.getpid() or not self._skipped.get(dataset_id):
             return
         skipped = self._skipped[dataset_id]
-        held = set(self.holdings(dataset_id))  # waits for a starting agent
-        if self.falling_back:
-            return
-        for b in sorted(skipped - held):
-            got = self.get(dataset_id, b)  # loads it there (one download, one decode)
-            if got.pinned:
-                self.release(dataset_id, [b])
+        with self._closing():
+            held = set(self.holdings(dataset_id))  # waits for a starting agent
+            if self.falling_back or self._lost:
+                return
+            for b in sorted(skipped - held):
+                got = self.get(dataset_id, b)  # loads it there (one download, one decode)
+                if got.pinned:
+                    self.release(dataset_id, [b])
         skipped.clear()
         self.flush_releases()  # the last one's pin
 
