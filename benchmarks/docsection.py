@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def replace_section(path: Path, heading: str, section: str) -> None:
-    """Replace the section that starts with the line ``heading`` (or append it)."""
+def replace_section(path: Path, heading: str, section: str, former: tuple[str, ...] = ()) -> None:
+    """Replace the section that starts with the line ``heading``, or with one of the
+    ``former`` headings (a renamed section is replaced where it stands), or append it."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     lines = text.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.rstrip() == heading), None)
+    names = (heading, *former)
+    start = next((i for i, ln in enumerate(lines) if ln.rstrip() in names), None)
     if start is None:
         new = text.rstrip("\n") + "\n\n" + section
     else:

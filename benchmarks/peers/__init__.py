@@ -25,6 +25,20 @@ for stoker and the memmap floor, ``.venv-peers`` for the peers) and exposes:
     ``Loader.load_state_dict(state)`` exist where ``RESUME == "state"``.
 
 Only :mod:`peers.common` is shared; it needs numpy and torch only.
+
+The image adapters of ``benchmarks/images_bench.py`` (``images_*.py``, run in ``.venv-peers``
+by :mod:`peers.images_worker`, sharing :mod:`peers.images_common`) expose:
+
+``KEY``, ``LABEL``, ``versions() -> dict``
+    as above.
+``prepare(folder: Path, out: Path) -> dict``
+    write the ImageFolder tree ``folder`` in the system's format under ``out`` (the JPEG
+    bytes as they are); return notes, ``layout`` among them. ``None`` for a system that
+    reads the tree itself.
+``open_loader(data: str, num_workers: int)``
+    a shuffled loader over ``data`` (``out``, or the tree); iterating it yields
+    ``(images, labels)``: uint8 tensors (64, 3, 224, 224) RandomResizedCrop(224)-ed and
+    flipped, and their labels.
 """
 
 SYSTEMS = (
