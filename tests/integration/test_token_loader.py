@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import stoker
@@ -128,6 +129,39 @@ def test_zero_copy_batches_are_views_valid_until_next(written: Written) -> None:
     for batch in loader:
         got.append(batch["sample_id"].tolist())  # read before asking for the next one
     assert got == ref
+
+
+def test_batches_come_in_their_slots_and_the_slots_go_back_once_dropped(written: Written) -> None:
+    whole = [{k: v.clone() for k, v in b.items()} for b in stoker.TokenLoader(make(written), 0)]
+    loader = stoker.TokenLoader(make(written), 2)
+    n = 0
+    for b, want in zip(loader, whole, strict=True):  # each batch dropped before the next
+        assert all(torch.equal(b[k], want[k]) for k in want)
+        n += 1
+    lent = loader.last_handout
+    assert lent is not None and lent.lent == n  # none copied: the slots came back each time
+    assert sum(lent.out) == 1  # the last batch, still held here
+    del b
+    assert len(lent.returned()) == 1 and sum(lent.out) == 0
+
+
+def test_batches_kept_by_the_caller_stay_as_they_were(written: Written) -> None:
+    whole = [{k: v.clone() for k, v in b.items()} for b in stoker.TokenLoader(make(written), 0)]
+    loader = stoker.TokenLoader(make(written), 2, prefetch=3)
+    kept = list(loader)  # every batch held: the first in their slots, the rest copied
+    lent = loader.last_handout
+    assert lent is not None and 0 < lent.lent <= 2 * (3 - 1) < len(kept)
+    views = [b["tokens"][1:3] for b in kept]  # (views of them, after the pass ended)
+    again = list(loader)  # the next epoch's workers and slots
+    assert len(again) == len(kept)
+    for b, v, want in zip(kept, views, whole, strict=True):
+        assert all(torch.equal(b[k], want[k]) for k in want)
+        assert torch.equal(v, want["tokens"][1:3])
+    # a view kept of each batch holds its slot as the whole batch would
+    loader = stoker.TokenLoader(make(written), 2, prefetch=3)
+    firsts = [b["tokens"][0] for b in loader]
+    assert loader.last_handout is not None and loader.last_handout.lent <= 4
+    assert all(torch.equal(f, w["tokens"][0]) for f, w in zip(firsts, whole, strict=True))
 
 
 @pytest.mark.filterwarnings("default:.*failed its checksum; refetching:UserWarning")

@@ -39,6 +39,7 @@ from stoker.errors import ConfigError, StateError, StokerError, WorkerError
 from stoker.loader import state as st
 from stoker.loader.batch import SAMPLE_ID
 from stoker.loader.distributed import Placement
+from stoker.loader.handout import Handout
 from stoker.loader.planned import PlannedDataset
 from stoker.loader.pool import WorkerPool
 from stoker.observe.export import rank_stats
@@ -128,6 +129,7 @@ class TokenLoader:
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.zero_copy = zero_copy
+        self.last_handout: Handout | None = None  # the last pass's slots out with the caller
         self.timeout = timeout
         self.coordinator = coordinator
         self.coordinator_state = coordinator_state
@@ -479,9 +481,16 @@ class TokenLoader:
             ordered=True,
         )  # fmt: skip
         loans = None if lend is None or nw == 0 else Loans()
+        # batches handed out in their slots (not copied) while the caller lets go of them
+        handout = Handout(nw, depth - 1) if lend is None and nw and not self.zero_copy else None
+        self.last_handout = handout
         unpin: Callable[[], None] | None = None
 
         def room(w: int) -> None:  # worker w needs a slot to fill before it is waited on
+            if handout is not None:
+                for g in handout.returned():
+                    pool.give_back(g)
+                return
             assert loans is not None
             loans.reap()
             while loans.out(w) >= depth:
@@ -498,7 +507,7 @@ class TokenLoader:
                 # fork (MADV_DONTFORK), and the workers write into these slots
                 unpin = lend.pin(pool.slot_tensors())
             direct = unpin is not None
-            for got in pool.batches(room if loans is not None else None):
+            for got in pool.batches(room if loans is not None or handout is not None else None):
                 batch = got.arrays
                 progress.consumed += len(batch[SAMPLE_ID])  # handed to the caller = consumed
                 handed += 1
@@ -508,6 +517,9 @@ class TokenLoader:
                 elif loans is not None:  # back to the worker once its copy completed
                     loan = loans.lend(got.worker, functools.partial(pool.give_back, got), direct)
                     yield Lent(batch, loan)
+                elif handout is not None and handout.can_lend(got.worker):
+                    rows = len(batch[SAMPLE_ID])
+                    yield handout.lend(got, pool.rings[got.worker].numpy_view(got.slot, rows))
                 elif not self.zero_copy:
                     batch = {k: v.clone() for k, v in batch.items()}
                     pool.give_back(got)
