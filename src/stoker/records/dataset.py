@@ -472,7 +472,7 @@ class RecordDataset(PlannedDataset):
             out["image"][i] = _chw(got, s)
         else:
             box, flip = self._box(epoch, sid)
-            out["image"][i] = decode_region(data, (s, s), box, flip, self.max_pixels, self.decoder)
+            decode_region(data, (s, s), box, flip, self.max_pixels, self.decoder, out["image"][i])
             registry().image_event("decoded")
         if self.label_column is not None:
             label = row[self.label_column]
@@ -515,7 +515,7 @@ class RecordDataset(PlannedDataset):
             out[i] = _chw(got, s)
             return
         box, flip = self._box(epoch, sid)
-        out[i] = region(pixels, (s, s), box, flip, self.decoder)
+        region(pixels, (s, s), box, flip, self.decoder, out[i])
 
     def _transformed(self, image: Any, epoch: int, sid: int) -> Any:
         """The user's transform of sample ``sid``'s image, its draws the sample's."""

@@ -112,10 +112,12 @@ def decode_region(
     flip: bool = False,
     max_pixels: int = MAX_PIXELS,
     decoder: str = "auto",
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """``data``'s image, the region ``box(width, height) -> (left, top, w, h)`` of it
     resized to ``size`` (width, height), flipped left to right when ``flip``: a uint8
-    array of shape ``(3, height, width)``.
+    array of shape ``(3, height, width)`` (written into ``out`` when given: one copy of
+    the pixels fewer).
 
     ``decoder``: ``"opencv"`` decodes a whole (RGB or grayscale) JPEG with OpenCV, at a
     reduced size where the region allows (its IMREAD_REDUCED_COLOR_2/4/8), and resizes
@@ -136,7 +138,7 @@ def decode_region(
     cv2 = _cv2() if decoder != "pillow" else None
     whole = data[-2:] == b"\xff\xd9"  # (its end-of-image marker: not cut short)
     if cv2 is not None and img.format == "JPEG" and img.mode in ("RGB", "L") and whole:
-        return _opencv_region(cv2, data, W, H, (left, top, w, h), size, flip)
+        return _opencv_region(cv2, data, W, H, (left, top, w, h), size, flip, out)
     if decoder == "opencv" and cv2 is None:
         raise ImportError("decoder='opencv' needs OpenCV: pip install opencv-python-headless")
     if img.format == "JPEG" and w >= 2 * out_w and h >= 2 * out_h:
@@ -146,13 +148,13 @@ def decode_region(
     sx, sy = img.width / W, img.height / H
     region = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
     try:
-        out = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=region)
+        resized = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=region)
     except Exception as exc:  # pragma: no cover - a decoded RGB image resizes
         raise ImageError(f"does not resize ({exc})") from exc
-    a = np.asarray(out)
+    a = np.asarray(resized)
     if flip:
         a = a[:, ::-1]
-    return np.ascontiguousarray(a.transpose(2, 0, 1))
+    return _chw_into(a, out)
 
 
 def _opencv_region(
@@ -163,6 +165,7 @@ def _opencv_region(
     box: tuple[int, int, int, int],
     size: tuple[int, int],
     flip: bool,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`decode_region` of a whole RGB or grayscale JPEG, by OpenCV."""
     left, top, w, h = box
@@ -183,7 +186,16 @@ def _opencv_region(
     r = cv2.resize(region, (out_w, out_h),
                    interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)  # fmt: skip
     r = r[:, ::-1, ::-1] if flip else r[:, :, ::-1]  # (BGR to RGB)
-    return np.ascontiguousarray(r.transpose(2, 0, 1))
+    return _chw_into(r, out)
+
+
+def _chw_into(a: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """``a`` (height x width x 3) as 3 x height x width, contiguous: into ``out`` (its
+    shape) when given."""
+    if out is None:
+        return np.ascontiguousarray(a.transpose(2, 0, 1))
+    np.copyto(out, a.transpose(2, 0, 1))
+    return out
 
 
 def prepare(
@@ -240,13 +252,19 @@ def _short_side_size(width: int, height: int, short_side: int | None) -> tuple[i
 
 
 def region(
-    image: np.ndarray, size: tuple[int, int], box: Any, flip: bool = False, decoder: str = "auto"
+    image: np.ndarray,
+    size: tuple[int, int],
+    box: Any,
+    flip: bool = False,
+    decoder: str = "auto",
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The region ``box(width, height) -> (left, top, w, h)`` of a decoded image (an
     ``(height, width, 3)`` uint8 array, from :func:`prepare`) resized to ``size`` (width,
     height) and flipped left to right when ``flip``: shape ``(3, height, width)``. OpenCV
     when it is installed and ``decoder`` is not ``"pillow"`` (INTER_AREA where a side
-    shrinks twice or more, else INTER_LINEAR), else Pillow (BILINEAR)."""
+    shrinks twice or more, else INTER_LINEAR), else Pillow (BILINEAR); into ``out`` when
+    given."""
     H, W = image.shape[:2]
     left, top, w, h = box(W, H)
     out_w, out_h = size
@@ -265,4 +283,4 @@ def region(
         )
     if flip:
         r = r[:, ::-1]
-    return np.ascontiguousarray(r.transpose(2, 0, 1))
+    return _chw_into(r, out)
