@@ -71,6 +71,12 @@ def test_the_cli_builds_and_names_a_bad_file(folder: Path, tmp_path: Path) -> No
     shown = subprocess.run([sys.executable, "-m", "stoker.cli", "inspect", str(tmp_path / "b")],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "0 cat, 1 dog, 2 eel" in shown
+    # compression: auto by default (these JPEGs of a few hundred bytes are mostly their
+    # headers: zstd is chosen), or as given
+    assert stoker.RecordSource(str(tmp_path / "b")).manifest.compression == "zstd"
+    subprocess.run([*run, str(tmp_path / "c"), "--quiet", "--on-error", "skip",
+                    "--compression", "none"], capture_output=True, check=True)  # fmt: skip
+    assert stoker.RecordSource(str(tmp_path / "c")).manifest.compression == "none"
 
 
 def tar_shard(path: Path, samples: list[tuple[str, dict[str, bytes]]]) -> None:

@@ -39,6 +39,7 @@ def rows() -> list[dict]:
 
 
 def written(rows: list[dict], path: Path, **kw: object) -> stoker.RecordManifest:
+    kw.setdefault("compression", "none")  # (blocks of full-size JPEGs are; these are small)
     return stoker.write_records(rows, str(path), schema=SCHEMA, block_bytes=40_000, **kw)
 
 
@@ -77,6 +78,102 @@ def test_arrow_batches_and_compression(rows: list[dict], tmp_path: Path) -> None
         assert m.compression == comp and m.num_rows == len(rows)
         src = stoker.RecordSource(str(tmp_path / comp))
         assert src.rows(range(len(rows))).to_pylist() == rows
+
+
+CAPTIONS = {"id": "int64", "caption": "string", "score": "double"}
+VOCABULARY = (
+    "a an the photo picture of on in at with near over under two three red small large old "
+    "new dog cat bird people man woman child street house tree river sky city night day "
+    "painting drawing view close up white black green blue standing sitting"
+)
+WORDS = np.array(VOCABULARY.split())
+
+
+def caption_rows(n: int, seed: int = 0) -> list[dict]:
+    """Rows of captions (word salad from a small vocabulary: it compresses as text does)
+    and numbers."""
+    rng = np.random.default_rng(seed)
+    return [
+        {"id": i, "caption": " ".join(rng.choice(WORDS, int(rng.integers(5, 30)))),
+         "score": float(rng.random())}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def stored_blocks(path: Path) -> list[bytes]:
+    src = stoker.RecordSource(str(path))
+    return [bytes(src.record(b)) for b in range(src.num_blocks)]
+
+
+def test_auto_compresses_text_and_leaves_full_size_jpegs_as_they_are(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    jpegs = [{"image": photo_jpeg(rng, 200, 200), "label": i} for i in range(40)]
+    cases = {
+        "jpeg": (jpegs, {"image": "binary", "label": "int64"}, "none"),
+        "text": (caption_rows(3000), CAPTIONS, "zstd"),
+    }
+    for name, (rows, schema, expect) in cases.items():
+        m = {
+            comp: stoker.write_records(rows, str(tmp_path / f"{name}-{comp}"), schema=schema,
+                                       block_bytes=40_000, compression=comp)
+            for comp in ("none", "zstd")
+        }  # fmt: skip
+        auto = stoker.write_records(rows, str(tmp_path / name), schema=schema, block_bytes=40_000)
+        assert auto.compression == expect and auto.num_blocks > 3
+        # zstd saves >= 10% of the text's bytes, less of the JPEGs'
+        saves = m["zstd"].data_bytes <= 0.9 * m["none"].data_bytes
+        assert saves == (expect == "zstd")
+        # every block as the chosen setting writes it
+        assert stored_blocks(tmp_path / name) == stored_blocks(tmp_path / f"{name}-{expect}")
+        src = stoker.RecordSource(str(tmp_path / name))
+        assert src.rows(range(len(rows))).to_pylist() == rows
+
+
+def test_auto_decides_once_on_the_first_block(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    schema = {"image": "binary", "caption": "string"}
+    jpegs = [{"image": photo_jpeg(rng, 200, 200), "caption": None} for _ in range(20)]
+    texts = [{"image": None, "caption": r["caption"]} for r in caption_rows(2000)]
+    for name, rows, expect in (("text-first", texts + jpegs, "zstd"),
+                               ("jpeg-first", jpegs + texts, "none")):  # fmt: skip
+        m = stoker.write_records(rows, str(tmp_path / name), schema=schema, block_bytes=40_000)
+        assert m.compression == expect
+        stoker.write_records(rows, str(tmp_path / f"{name}-{expect}"), schema=schema,
+                             block_bytes=40_000, compression=expect)  # fmt: skip
+        assert stored_blocks(tmp_path / name) == stored_blocks(tmp_path / f"{name}-{expect}")
+        src = stoker.RecordSource(str(tmp_path / name))
+        assert src.rows(range(len(rows))).to_pylist() == rows
+
+
+def test_the_auto_threshold_is_the_share_zstd_must_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stoker.formats import records
+
+    rng = np.random.default_rng(5)
+    rows = [{"image": photo_jpeg(rng, 200, 200), "label": i} for i in range(30)]
+    schema = {"image": "binary", "label": "int64"}
+
+    def write(name: str, **kw: object) -> stoker.RecordManifest:
+        return stoker.write_records(rows, str(tmp_path / name), schema=schema, **kw)
+
+    plain, packed = write("none", compression="none"), write("zstd", compression="zstd")
+    assert plain.num_blocks == packed.num_blocks == 1
+    saved = 1 - packed.data_bytes / plain.data_bytes
+    assert 0 < saved < records.AUTO_MIN_SAVING
+    assert write("auto").compression == "none"
+    monkeypatch.setattr(records, "AUTO_MIN_SAVING", saved * 0.9)
+    assert write("auto-below", compression="auto").compression == "zstd"
+    monkeypatch.setattr(records, "AUTO_MIN_SAVING", saved * 1.1)
+    assert write("auto-above").compression == "none"
+
+
+def test_compression_none_and_a_bad_name(tmp_path: Path) -> None:
+    rows = caption_rows(300)
+    m = stoker.write_records(rows, str(tmp_path / "a"), schema=CAPTIONS, compression=None)
+    assert m.compression == "none"
+    with pytest.raises(stoker.InputError, match=r"\['none', 'lz4', 'zstd', 'auto'\], got 'snappy'"):
+        stoker.write_records(rows, str(tmp_path / "b"), schema=CAPTIONS, compression="snappy")
 
 
 def test_each_block_is_one_range_request_from_an_http_origin(

@@ -347,7 +347,7 @@ def build_records(
     on_error: str = "raise",
     check_images: bool = True,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
-    compression: str | None = None,
+    compression: str | None = "auto",
     storage_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
