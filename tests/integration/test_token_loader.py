@@ -134,15 +134,16 @@ def test_zero_copy_batches_are_views_valid_until_next(written: Written) -> None:
 def test_batches_come_in_their_slots_and_the_slots_go_back_once_dropped(written: Written) -> None:
     whole = [{k: v.clone() for k, v in b.items()} for b in stoker.TokenLoader(make(written), 0)]
     loader = stoker.TokenLoader(make(written), 2)
-    n = 0
-    for b, want in zip(loader, whole, strict=True):  # each batch dropped before the next
+    it = iter(loader)
+    for want in whole:  # each batch dropped before the next (the loop variable rebound)
+        b = next(it)
         assert all(torch.equal(b[k], want[k]) for k in want)
-        n += 1
     lent = loader.last_handout
-    assert lent is not None and lent.lent == n  # none copied: the slots came back each time
-    assert sum(lent.out) == 1  # the last batch, still held here
-    del b
-    assert len(lent.returned()) == 1 and sum(lent.out) == 0
+    assert lent is not None and lent.lent == len(whole)  # none copied: slots came back
+    lent.returned()  # (what was let go of since the last wait on a worker)
+    assert sum(lent.out) == 1  # the last batch, still held (here and by the pass)
+    with pytest.raises(StopIteration):
+        next(it)
 
 
 def test_batches_kept_by_the_caller_stay_as_they_were(written: Written) -> None:
@@ -162,6 +163,32 @@ def test_batches_kept_by_the_caller_stay_as_they_were(written: Written) -> None:
     firsts = [b["tokens"][0] for b in loader]
     assert loader.last_handout is not None and loader.last_handout.lent <= 4
     assert all(torch.equal(f, w["tokens"][0]) for f, w in zip(firsts, whole, strict=True))
+
+
+def _compare_later(batch: dict[str, torch.Tensor], want: torch.Tensor, go: object) -> None:
+    go.recv()  # type: ignore[attr-defined]  # (once the parent has read on)
+    os._exit(0 if torch.equal(batch["tokens"], want) else 1)
+
+
+def test_a_batch_a_forked_child_holds_is_not_overwritten(written: Written) -> None:
+    import multiprocessing as mp
+
+    loader = stoker.TokenLoader(make(written), 1, prefetch=4)
+    it = iter(loader)
+    b = next(it)
+    want = b["tokens"].clone()
+    ctx = mp.get_context("fork")
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_compare_later, args=(b, want, theirs))
+    child.start()  # the child shares the slot's pages: it is never given back
+    del b
+    for _ in range(12):  # (every slot of the worker's ring used again, but that one)
+        next(it)
+    mine.send(True)
+    child.join()
+    assert child.exitcode == 0
+    assert loader.last_handout is not None and loader.last_handout.frozen == 1
+    it.close()
 
 
 @pytest.mark.filterwarnings("default:.*failed its checksum; refetching:UserWarning")

@@ -146,14 +146,15 @@ class AgentClient:
         self._unpin_lock = threading.Lock()
         self.reconnects = 0
         self.fallbacks = 0  # times this process stopped using the agent
-        self._no_spawn = False  # a closing reader's requests: no agent started for them
-        self._lost = False  # one of them found no agent
+        # a closing reader's requests (on its thread): no agent is started for them, and
+        # whether one of them found none
+        self._closing_on = threading.local()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for k in ("_sock", "_lock", "_pid", "_warned_inline", "_warned_fallback", "_probe",
-                  "_starting", "_skipped", "_plans", "_unpin", "_unpin_lock", "_no_spawn",
-                  "_lost"):  # fmt: skip
+                  "_starting", "_skipped", "_plans", "_unpin", "_unpin_lock",
+                  "_closing_on"):  # fmt: skip
             state.pop(k, None)
         state["_opened"] = {k: v.SerializeToString() for k, v in self._opened.items()}
         return state
@@ -234,7 +235,7 @@ class AgentClient:
             except Unanswered as exc:
                 if self._no_spawn and fallback is not None:  # (a closing reader's)
                     self._drop()
-                    self._lost = True
+                    self._closing_on.lost = True
                     return fallback
                 self._fall_back(str(exc))
                 if fallback is not None:
@@ -557,17 +558,31 @@ class AgentClient:
         starts (or takes over the start of) an agent, and finding none neither warns nor
         sends the process to storage: a reader's close, racing an agent that died, had
         started a new one, which loaded the plan the reopen sent it for no one."""
-        self._no_spawn, self._lost = True, False
+        local = self._closing_on
+        outer = getattr(local, "depth", 0)
+        local.depth = outer + 1
+        if not outer:
+            local.lost = False
         try:
             yield
         finally:
-            self._no_spawn = False
+            local.depth = outer
+
+    @property
+    def _no_spawn(self) -> bool:
+        """This thread is closing a reader (see :meth:`_closing`)."""
+        return bool(getattr(self._closing_on, "depth", 0))
+
+    @property
+    def _lost(self) -> bool:
+        return bool(getattr(self._closing_on, "lost", False))
 
     def _send_release(self, dataset_id: str, blocks: list[int]) -> None:
         if self._sock is None:  # no connection: its pins went with the one that took them
-            return  # (and a release never starts an agent)
+            return
         req = pb.Request(release=pb.Release(dataset_id=dataset_id, blocks=blocks))
-        self._call(req, pb.Response())
+        with self._closing():  # a release never starts an agent (a new one holds no pins)
+            self._call(req, pb.Response())
 
     def plan(self, dataset_id: str, blocks: list[int]) -> None:
         """The blocks this process reads next, in order (the agent prefetches them)."""

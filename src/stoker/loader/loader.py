@@ -533,6 +533,8 @@ class TokenLoader:
                     "batches; this is a stoker bug"
                 )
         finally:
+            if handout is not None:
+                handout.end()  # (slots let go of later stay with the closed pool's rings)
             copied = False
             try:
                 if loans is not None:  # every copy from the slots completed; the slots

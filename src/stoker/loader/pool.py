@@ -54,6 +54,7 @@ from stoker.loader import supervise
 from stoker.loader.arena import reader_processes
 from stoker.loader.batch import Layout, Slots
 from stoker.loader.consumer import Began, ConsumerSpec, Made, allocate, produce
+from stoker.loader.handout import own_workers
 from stoker.loader.sources import Segments
 from stoker.observe.workers import WorkerMeter, apply_worker
 
@@ -185,7 +186,8 @@ class WorkerPool:
                 daemon=True,
                 name=f"{self.name}-{w}",
             )
-            proc.start()
+            with own_workers():  # (the caller's batches in slots: not frozen for these)
+                proc.start()
             child.close()
             self.conns.append(parent)
             self.procs.append(proc)

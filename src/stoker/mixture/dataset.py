@@ -117,6 +117,12 @@ class Mixture(PlannedDataset):
         for n, ds in self.sources.items():
             if not isinstance(ds, PlannedDataset):
                 raise ConfigError(f"source {n!r} is a {type(ds).__name__}, not a stoker dataset")
+            stage = getattr(ds, "batch_stage", None)
+            if stage is not None and stage() is not None:
+                raise ConfigError(
+                    f"source {n!r} finishes its batches in the loader's process "
+                    "(decode='dali'): a mixture's sources decode in the workers"
+                )
             if dict(ds.layout) != dict(first.layout):
                 raise ConfigError(
                     f"source {n!r} holds {dict(ds.layout)}, source {self.names[0]!r} "

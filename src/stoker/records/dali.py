@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -94,6 +95,7 @@ class DaliDecode:
         self.size, self.batch_size, self.device = image_size, batch_size, device
         self.rescue, self.threads, self.device_id = rescue, threads, device_id
         self._pipe: Any = None
+        self._warned = False
         self.rescued = 0  # batches DALI failed on, decoded on the CPU instead (tests)
 
     def _build(self) -> Any:
@@ -169,10 +171,19 @@ class DaliDecode:
             try:
                 image[dali] = self._run(data, length, box, flip, dali, dev)
                 registry().image_event("decoded", len(dali))
-            except RuntimeError:  # an image DALI does not decode: the CPU's names it
+            except RuntimeError as exc:  # an image DALI does not decode: the CPU's names it
                 self._pipe = None  # (a pipeline that failed is not run again)
                 self.rescued += 1
                 cpu = rows
+                if not self._warned:
+                    self._warned = True
+                    first = str(exc).strip().splitlines()[-1][:300]
+                    warnings.warn(
+                        f"DALI failed on a batch ({first}); decoding it on the CPU (further "
+                        "failures are not warned about)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
         ids = batch["sample_id"].numpy()
         label = batch["label"].clone() if "label" in batch else None
         for i in cpu:
@@ -186,7 +197,8 @@ class DaliDecode:
                     label[i] = -100
             else:
                 image[i] = torch.from_numpy(got)
-        out: Batch = {k: v for k, v in batch.items() if k not in RAW}
+        # (copies: the rest of the batch's fields must not hold its raw slot, bytes a row)
+        out: Batch = {k: v.clone() for k, v in batch.items() if k not in RAW}
         out["image"] = image
         if label is not None:
             out["label"] = label
