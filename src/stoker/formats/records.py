@@ -495,6 +495,12 @@ class RecordSource:
             raise IndexError(f"row outside [0, {self.num_rows}) of {self.url}")
         return np.searchsorted(self.first_rows, r, side="right") - 1
 
+    def where(self, row: int, block: int | None = None) -> str:
+        """Row ``row`` named for an error: its file, the row and its block."""
+        b = int(self.block_of(np.array([row]))[0]) if block is None else block
+        ref = self.manifest.block_file(b)
+        return f"{self.storage.url_of(ref.path)}: row {row} (block {b})"
+
     def record(self, block: int) -> bytes:
         """The stored bytes of ``block``, checked against its checksum: from the cache when
         it holds them (the node agent's disk tier), else from storage (then cached)."""

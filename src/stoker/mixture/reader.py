@@ -20,7 +20,7 @@ import numpy as np
 
 from stoker.loader.batch import SAMPLE_ID, Layout
 from stoker.loader.consumer import Reader
-from stoker.mixture.stream import EPOCH_SHIFT, SOURCE_SHIFT
+from stoker.mixture.stream import SOURCE_SHIFT, decode, source_epochs
 from stoker.observe.registry import registry
 
 SOURCE = "source"
@@ -32,12 +32,6 @@ CHUNK = 64
 _BUFFER = 1 << 20
 _EMPTY = np.zeros(0, dtype=np.int64)
 _KEY = (1 << SOURCE_SHIFT) - 1  # a mixture id's bits below the source: epoch and id
-_ID = (1 << EPOCH_SHIFT) - 1
-
-
-def _split(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A source's ids and epochs of keys (a mixture id's bits below the source's)."""
-    return keys & _ID, keys >> EPOCH_SHIFT
 
 
 class _Ahead:
@@ -75,7 +69,7 @@ class _Ahead:
                 n = keep
                 self.step = 0
         self.ids, self.at = ids[n:], 0
-        self.reader.plan(_split(self.ids)[0])
+        self.reader.plan(decode(self.ids)[1])
 
     def take(self, n: int) -> int:
         """Hand out the next ``n`` rows (reading the next ones first when fewer are held,
@@ -104,10 +98,10 @@ class _Ahead:
         self.step = min(self.chunk, 2 * m)
         ids = self.ids[self.at : self.at + m]
         start = time.perf_counter()
-        rows, epochs = _split(ids)
+        rows = decode(ids)[1]
         out = {k: v[held : held + m] for k, v in self.buf.items()}
         if self.epochs:
-            self.reader.fill(rows, out, epochs=epochs)  # type: ignore[call-arg]
+            self.reader.fill(rows, out, epochs=source_epochs(ids))  # type: ignore[call-arg]
         else:
             self.reader.fill(rows, out)
         registry().source_read(self.name, time.perf_counter() - start, m)

@@ -103,15 +103,12 @@ class DaliDecode:
         fn, types, pipeline_def = dali.fn, dali.types, dali.pipeline_def
 
         gpu = self.device == "gpu"
-        device_id = self.device_id
-        if gpu and device_id is None:
-            device_id = torch.cuda.current_device()
         size = self.size
 
         @pipeline_def(  # type: ignore[untyped-decorator]
             batch_size=self.batch_size,
             num_threads=self.threads,
-            device_id=device_id if gpu else None,
+            device_id=self._device_index() if gpu else None,
             exec_async=False,
             exec_pipelined=False,
             prefetch_queue_depth=1,
@@ -184,24 +181,20 @@ class DaliDecode:
                         RuntimeWarning,
                         stacklevel=2,
                     )
-        ids = batch["sample_id"].numpy()
-        label = batch["label"].clone() if "label" in batch else None
-        for i in cpu:
+        # (copies: the rest of the batch's fields must not hold its raw slot, bytes a row)
+        out: Batch = {k: v.clone() for k, v in batch.items() if k not in RAW}
+        ids = out["sample_id"].numpy()
+        for i in cpu:  # (a row not decoded above is still zeros)
             got = self.rescue(
                 data[i, : length[i]].tobytes(), tuple(box[i].tolist()), bool(flip[i]), int(ids[i])
             )
-            if got is None:  # skipped (counted by rescue)
-                skipped[i] = True
-                image[i] = 0
-                if label is not None:
-                    label[i] = -100
-            else:
+            if got is not None:
                 image[i] = torch.from_numpy(got)
-        # (copies: the rest of the batch's fields must not hold its raw slot, bytes a row)
-        out: Batch = {k: v.clone() for k, v in batch.items() if k not in RAW}
+                continue
+            skipped[i] = True  # (counted by rescue)
+            if "label" in out:
+                out["label"][i] = -100
         out["image"] = image
-        if label is not None:
-            out["label"] = label
         if "skipped" in batch:
             out["skipped"] = torch.from_numpy(skipped)
         return out

@@ -267,18 +267,10 @@ class RecordDataset(PlannedDataset):
             got = decode_region(data, (s, s), lambda w, h: box, flip, self.max_pixels,
                                 self.decoder)  # fmt: skip
         except ImageError as exc:
-            (b,) = self.source.block_of(np.array([sid])).tolist()
-            ref = self.source.manifest.block_file(b)
-            where = f"{self.source.storage.url_of(ref.path)}: row {sid} (block {b})"
+            where = self.source.where(sid)
             if self.on_error != "skip":
                 raise ImageError(f"{where}: {exc}") from exc
-            registry().image_event("skipped")
-            if not self._warned_skip:
-                self._warned_skip = True
-                warnings.warn(
-                    f"{where} skipped ({exc}); further ones are counted in stoker_images_skipped",
-                    stacklevel=2,
-                )
+            self._skipped(where, exc)
             return None
         registry().image_event("decoded")
         return got
@@ -436,16 +428,19 @@ class RecordDataset(PlannedDataset):
             if "label" in out:
                 out["label"][i] = -100
             out["skipped"][i] = True
-            registry().image_event("skipped")
-            if not self._warned_skip:
-                self._warned_skip = True
-                warnings.warn(
-                    f"{self.source.url}: row {sid} skipped ({exc}); further ones are counted "
-                    "in stoker_images_skipped",
-                    stacklevel=2,
-                )
+            self._skipped(f"{self.source.url}: row {sid}", exc)
             return
         out["skipped"][i] = False
+
+    def _skipped(self, where: str, exc: ImageError) -> None:
+        """A sample skipped (``on_error="skip"``): counted, the first one named in a warning."""
+        registry().image_event("skipped")
+        if not self._warned_skip:
+            self._warned_skip = True
+            warnings.warn(
+                f"{where} skipped ({exc}); further ones are counted in stoker_images_skipped",
+                stacklevel=3,
+            )
 
     def _make(self, row: dict[str, Any], epoch: int, sid: int, out: dict[str, Any], i: int) -> None:
         s = self.image_size

@@ -199,8 +199,7 @@ class RecordReader:
             try:
                 self.make(got[b](r), epoch if each is None else each[i], int(ids[i]), out, i)
             except Exception as exc:
-                ref = self.source.manifest.block_file(b)
-                where = f"{self.source.storage.url_of(ref.path)}: row {int(ids[i])} (block {b})"
+                where = self.source.where(int(ids[i]), b)
                 if isinstance(exc, DatasetError):
                     raise type(exc)(f"{where}: {exc}") from exc
                 note = getattr(exc, "add_note", None)  # (Python 3.11 and later)
