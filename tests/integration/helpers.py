@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import stoker
 from stoker import TokenWriter, WriteOptions
@@ -214,3 +215,39 @@ def photo_jpeg(rng: np.random.Generator, h: int, w: int, quality: int | None = N
     q = quality if quality is not None else int(rng.integers(75, 96))
     Image.fromarray(img).save(out, format="JPEG", quality=q)
     return out.getvalue()
+
+
+@pytest.fixture
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No torchrun or coordinator variables from the environment (a test's one rank)."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STOKER_COORDINATOR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def photo_records(
+    out: Path, n: int, seed: int, sides: tuple[int, int], labels: tuple[int, int], block_bytes: int
+) -> Path:
+    """A records dataset of ``n`` photo-like JPEGs (each side in ``sides``), row ``i``
+    labelled ``(i * labels[0]) % labels[1]``; uncompressed, as datasets of full-size JPEGs
+    are stored ("auto" would compress these small ones: their headers are a large share)."""
+    import stoker
+
+    rng = np.random.default_rng(seed)
+    lo, hi = sides
+    rows = [
+        {"image": photo_jpeg(rng, int(rng.integers(lo, hi)), int(rng.integers(lo, hi))),
+         "label": (i * labels[0]) % labels[1]}
+        for i in range(n)
+    ]  # fmt: skip
+    stoker.write_records(rows, str(out), schema={"image": "binary", "label": "int64"},
+                         block_bytes=block_bytes, compression="none")  # fmt: skip
+    return out
+
+
+def same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """The same batches: the same fields, equal tensors, in the same order."""
+    import torch
+
+    return len(a) == len(b) and all(
+        set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
+    )

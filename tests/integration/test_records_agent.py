@@ -14,16 +14,13 @@ import torch
 import stoker
 from stoker.records.held import View
 
-from .helpers import photo_jpeg
+from .helpers import one_rank, photo_jpeg, photo_records, same_batches  # noqa: F401 (one_rank: a fixture)
 from .test_agent import Agents
 
 N, B, SIZE, SHORT = 120, 8, 32, 48
 
 
-@pytest.fixture(autouse=True)
-def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STOKER_COORDINATOR"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 @pytest.fixture
@@ -35,18 +32,7 @@ def agents():
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rng = np.random.default_rng(5)
-    rows = [
-        {"image": photo_jpeg(rng, int(rng.integers(50, 130)), int(rng.integers(50, 130))),
-         "label": (i * 3) % 7}
-        for i in range(N)
-    ]  # fmt: skip
-    out = tmp_path_factory.mktemp("held") / "ds"
-    # uncompressed, as datasets of full-size JPEGs are stored ("auto" would compress
-    # these small ones: their headers are a large share of them)
-    stoker.write_records(rows, str(out), schema={"image": "binary", "label": "int64"},
-                         block_bytes=20_000, compression="none")  # fmt: skip
-    return out
+    return photo_records(tmp_path_factory.mktemp("held") / "ds", N, 5, (50, 130), (3, 7), 20_000)
 
 
 def dataset(url: str, **kw: object) -> stoker.RecordDataset:
@@ -60,10 +46,7 @@ def epochs(ds: stoker.RecordDataset, n: int, nw: int = 0) -> list[list[dict[str,
     return [list(loader) for _ in range(n)]
 
 
-def same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
-    return len(a) == len(b) and all(
-        set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
-    )
+same = same_batches
 
 
 def block_requests(origin) -> Counter[tuple[str, str | None]]:

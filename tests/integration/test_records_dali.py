@@ -18,7 +18,7 @@ import torch
 
 import stoker
 
-from .helpers import photo_jpeg
+from .helpers import one_rank, photo_jpeg, photo_records  # noqa: F401 (one_rank: a fixture)
 
 N, B, SIZE = 96, 8, 48
 try:
@@ -28,26 +28,12 @@ except ImportError:  # (no nvidia namespace at all)
 needs_dali = pytest.mark.skipif(not HAS_DALI, reason="NVIDIA DALI is not installed")
 
 
-@pytest.fixture(autouse=True)
-def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STOKER_COORDINATOR"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rng = np.random.default_rng(4)
-    rows = [
-        {"image": photo_jpeg(rng, int(rng.integers(60, 200)), int(rng.integers(60, 200))),
-         "label": (i * 3) % 7}
-        for i in range(N)
-    ]  # fmt: skip
-    out = tmp_path_factory.mktemp("images") / "ds"
-    # uncompressed, as datasets of full-size JPEGs are stored ("auto" would compress
-    # these small ones: their headers are a large share of them)
-    stoker.write_records(rows, str(out), schema={"image": "binary", "label": "int64"},
-                         block_bytes=40_000, compression="none")  # fmt: skip
-    return out
+    return photo_records(tmp_path_factory.mktemp("images") / "ds", N, 4, (60, 200), (3, 7), 40_000)
 
 
 def dataset(root: Path, **kw: object) -> stoker.RecordDataset:

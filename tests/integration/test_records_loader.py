@@ -17,31 +17,17 @@ from torch.utils.data import DataLoader
 
 import stoker
 
-from .helpers import photo_jpeg
+from .helpers import one_rank, photo_jpeg, photo_records, same_batches  # noqa: F401 (one_rank: a fixture)
 
 N, B, SIZE = 150, 8, 32
 
 
-@pytest.fixture(autouse=True)
-def one_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STOKER_COORDINATOR"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("one_rank")
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rng = np.random.default_rng(1)
-    rows = [
-        {"image": photo_jpeg(rng, int(rng.integers(40, 160)), int(rng.integers(40, 160))),
-         "label": (i * 7) % 10}
-        for i in range(N)
-    ]  # fmt: skip
-    out = tmp_path_factory.mktemp("images") / "ds"
-    # uncompressed, as datasets of full-size JPEGs are stored ("auto" would compress
-    # these small ones: their headers are a large share of them)
-    stoker.write_records(rows, str(out), schema={"image": "binary", "label": "int64"},
-                         block_bytes=30_000, compression="none")  # fmt: skip
-    return out
+    return photo_records(tmp_path_factory.mktemp("images") / "ds", N, 1, (40, 160), (7, 10), 30_000)
 
 
 def dataset(root: Path, **kw: object) -> stoker.RecordDataset:
@@ -54,10 +40,7 @@ def ids(batches: list[dict[str, torch.Tensor]]) -> list[int]:
     return [i for b in batches for i in b["sample_id"].tolist()]
 
 
-def same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> bool:
-    return len(a) == len(b) and all(
-        set(x) == set(y) and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b)
-    )
+same = same_batches
 
 
 def test_every_image_once_an_epoch_with_its_label_whatever_the_workers(images: Path) -> None:
