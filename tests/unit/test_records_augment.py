@@ -31,6 +31,20 @@ def test_draws_are_a_pure_function_of_seed_epoch_and_sample() -> None:
     assert 0.45 < np.mean([augment.flipped(u) for u in a]) < 0.55
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 1 << 40)), min_size=1, max_size=40),
+    st.integers(0, 1 << 32),
+)
+def test_a_batchs_draws_are_each_samples_own(rows: list[tuple[int, int]], seed: int) -> None:
+    epochs, ids = np.array(rows, dtype=np.int64).T
+    got = augment.batch_uniforms(seed, epochs, ids)
+    for (e, i), u in zip(rows, got, strict=True):  # a mixture's rows: each of its own epoch
+        assert (u == augment.uniforms(augment.sample_keys(seed, e, np.array([i])))[0]).all()
+    box = augment.crop_box(got[0].tolist(), 640, 480)  # (a list, as the reader hands it)
+    assert box == augment.crop_box(got[0], 640, 480)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     w=st.integers(1, 3000),

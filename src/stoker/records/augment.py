@@ -11,6 +11,7 @@ rule (ten tries at a random area and aspect ratio, then the centre) on those dra
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,8 +40,23 @@ def uniforms(keys: np.ndarray, draws: int = DRAWS) -> np.ndarray:
     return out
 
 
+def batch_uniforms(seed: int, epochs: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The uniforms of a batch's samples, each of its own epoch: row ``i`` is
+    ``uniforms(sample_keys(seed, epochs[i], [ids[i]]))[0]``, in one array operation a
+    distinct epoch (a mixture's batch mixes its sources' epochs)."""
+    ids, epochs = np.asarray(ids, np.int64), np.asarray(epochs, np.int64)
+    distinct = np.unique(epochs)
+    if len(distinct) == 1:
+        return uniforms(sample_keys(seed, int(distinct[0]), ids))
+    keys = np.empty(len(ids), dtype=np.uint64)
+    for e in distinct.tolist():
+        at = epochs == e
+        keys[at] = sample_keys(seed, e, ids[at])
+    return uniforms(keys)
+
+
 def crop_box(
-    u: np.ndarray,
+    u: Sequence[float] | np.ndarray,
     width: int,
     height: int,
     scale: tuple[float, float] = (0.08, 1.0),
@@ -72,7 +88,7 @@ def crop_box(
     return (width - w) // 2, (height - h) // 2, w, h
 
 
-def flipped(u: np.ndarray) -> bool:
+def flipped(u: Sequence[float] | np.ndarray) -> bool:
     """Whether the sample is flipped left to right (one half of them)."""
     return bool(u[DRAWS - 1] < 0.5)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from stoker.records.image import (
     MAX_PIXELS,
     _cv2,
     decode_region,
+    image_size,
     open_image,
     prepare,
     region,
@@ -409,18 +410,34 @@ class RecordDataset(PlannedDataset):
             decoding=decoding_threads() if decoding is None else decoding,
             agent=self.agent,
             view=self.view(),
+            draws=self._draws if self.augment == "train" else None,
         )
 
+    def _draws(self, ids: np.ndarray, epochs: np.ndarray) -> list[list[float]]:
+        """A batch's augmentation uniforms (its crops and flips), one list a sample."""
+        drawn: list[list[float]] = augment.batch_uniforms(self.seed, epochs, ids).tolist()
+        return drawn
+
     # -- a sample ---------------------------------------------------------------
-    def make(self, row: dict[str, Any], epoch: int, sid: int, out: dict[str, Any], i: int) -> None:
+    def make(
+        self,
+        row: dict[str, Any],
+        epoch: int,
+        sid: int,
+        out: dict[str, Any],
+        i: int,
+        draws: Sequence[float] | None = None,
+    ) -> None:
         """Row ``i`` of ``out``: sample ``sid``'s image (decoded, augmented) and label; with
         ``on_error="skip"``, a sample whose image or label is bad is a row of zeros with
-        the label -100 and ``skipped`` set, counted (``stoker_images_skipped``)."""
+        the label -100 and ``skipped`` set, counted (``stoker_images_skipped``).
+        ``draws``: the sample's augmentation uniforms when the reader drew them for its
+        batch (else drawn here: the same numbers)."""
         if self.on_error != "skip":
-            self._make(row, epoch, sid, out, i)
+            self._make(row, epoch, sid, out, i, draws)
             return
         try:
-            self._make(row, epoch, sid, out, i)
+            self._make(row, epoch, sid, out, i, draws)
         except ImageError as exc:
             for name in ("image", "data", "length", "box", "flip"):
                 if name in out:
@@ -442,11 +459,19 @@ class RecordDataset(PlannedDataset):
                 stacklevel=3,
             )
 
-    def _make(self, row: dict[str, Any], epoch: int, sid: int, out: dict[str, Any], i: int) -> None:
+    def _make(
+        self,
+        row: dict[str, Any],
+        epoch: int,
+        sid: int,
+        out: dict[str, Any],
+        i: int,
+        draws: Sequence[float] | None,
+    ) -> None:
         s = self.image_size
         data = None if self.prepared else row[self.image_column]
         if self.prepared:
-            self._make_prepared(row, epoch, sid, out["image"], i)
+            self._make_prepared(row, epoch, sid, out["image"], i, draws)
         elif data is None:
             raise ImageError(f"column {self.image_column!r} is empty (null)")
         elif self.decode is not True:
@@ -454,9 +479,8 @@ class RecordDataset(PlannedDataset):
             if n > self.max_bytes:
                 raise ImageError(f"{n} bytes, more than max_bytes ({self.max_bytes})")
             if self.decode == "dali":  # its header: the box is in its pixels
-                img = open_image(data, self.max_pixels)
-                box, flip = self._box(epoch, sid)
-                out["box"][i] = box(img.width, img.height)
+                box, flip = self._box(epoch, sid, draws)
+                out["box"][i] = box(*image_size(data, self.max_pixels))
                 out["flip"][i] = flip
             row_out = out["data"][i]
             row_out[:n] = np.frombuffer(data, dtype=np.uint8)
@@ -466,7 +490,7 @@ class RecordDataset(PlannedDataset):
             got = self._transformed(rgb(open_image(data, self.max_pixels)), epoch, sid)
             out["image"][i] = _chw(got, s)
         else:
-            box, flip = self._box(epoch, sid)
+            box, flip = self._box(epoch, sid, draws)
             decode_region(data, (s, s), box, flip, self.max_pixels, self.decoder, out["image"][i])
             registry().image_event("decoded")
         if self.label_column is not None:
@@ -475,18 +499,29 @@ class RecordDataset(PlannedDataset):
                 raise ImageError(f"column {self.label_column!r} (the label) is missing")
             out["label"][i] = label
 
-    def _box(self, epoch: int, sid: int) -> tuple[Callable[[int, int], Any], bool]:
-        """Sample ``sid``'s crop (a function of the image's width and height) and flip."""
+    def _box(
+        self, epoch: int, sid: int, draws: Sequence[float] | None = None
+    ) -> tuple[Callable[[int, int], Any], bool]:
+        """Sample ``sid``'s crop (a function of the image's width and height) and flip, from
+        its uniforms (``draws``, or drawn here)."""
         s = self.image_size
-        u = augment.uniforms(augment.sample_keys(self.seed, epoch, np.array([sid])))[0]
         if self.augment == "train":
+            u = draws
+            if u is None:
+                u = augment.uniforms(augment.sample_keys(self.seed, epoch, np.array([sid])))[0]
             return (lambda w, h: augment.crop_box(u, w, h)), augment.flipped(u)
         if self.augment == "eval":
             return (lambda w, h: augment.centre_box(w, h, s, round(s / 0.875))), False
         return (lambda w, h: (0, 0, w, h)), False
 
     def _make_prepared(
-        self, row: dict[str, Any], epoch: int, sid: int, out: np.ndarray, i: int
+        self,
+        row: dict[str, Any],
+        epoch: int,
+        sid: int,
+        out: np.ndarray,
+        i: int,
+        draws: Sequence[float] | None,
     ) -> None:
         """The image from its decoded pixels: the agent's (a held row: its pixels, or the
         error it kept, under :data:`~stoker.records.held.HELD`), else decoded here the
@@ -509,7 +544,7 @@ class RecordDataset(PlannedDataset):
             got = self._transformed(Image.fromarray(pixels, "RGB"), epoch, sid)
             out[i] = _chw(got, s)
             return
-        box, flip = self._box(epoch, sid)
+        box, flip = self._box(epoch, sid, draws)
         region(pixels, (s, s), box, flip, self.decoder, out[i])
 
     def _transformed(self, image: Any, epoch: int, sid: int) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import ImageError
+from stoker.records import jpeg
 
 #: The largest image decoded (pixels): well above any photograph (ImageNet's largest
 #: is about 10M pixels, a 50-megapixel camera's 50M).
@@ -56,11 +57,39 @@ def open_image(data: bytes, max_pixels: int = MAX_PIXELS) -> Any:
         raise ImageError("not an image Pillow reads (no image format it knows)") from exc
     except Exception as exc:
         raise ImageError(f"not an image Pillow reads ({type(exc).__name__}: {exc})") from exc
-    if img.width * img.height > max_pixels:
-        raise ImageError(
-            f"{img.width} x {img.height} pixels is more than the {max_pixels:,} decoded at most"
-        )
+    _within(img.width, img.height, max_pixels)
     return img
+
+
+def _within(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise ImageError(
+            f"{width} x {height} pixels is more than the {max_pixels:,} decoded at most"
+        )
+
+
+def image_size(data: bytes, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """``data``'s image's ``(width, height)``: a JPEG's from its frame header, anything
+    else's from Pillow; ImageError as :func:`open_image`."""
+    head = jpeg.header(data)
+    if head is None:
+        img = open_image(data, max_pixels)
+        return img.width, img.height
+    _within(head.width, head.height, max_pixels)
+    return head.width, head.height
+
+
+def _plain_jpeg(data: bytes, max_pixels: int) -> tuple[int, int] | None:
+    """The ``(width, height)`` of a whole (its end marker there) 8-bit gray or colour JPEG
+    (:attr:`~stoker.records.jpeg.JpegHeader.plain`), what OpenCV decodes, read from its
+    header without Pillow (ImageError when too large); None for anything else."""
+    if data[-2:] != b"\xff\xd9":  # (cut short: OpenCV would hand it over half grey)
+        return None
+    head = jpeg.header(data)
+    if head is None or not head.plain:
+        return None
+    _within(head.width, head.height, max_pixels)
+    return head.width, head.height
 
 
 def rgb(img: Any) -> Any:
@@ -130,17 +159,18 @@ def decode_region(
     hand a cut one over half grey; Pillow names it)."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    cv2 = _cv2() if decoder != "pillow" else None
+    if cv2 is not None:
+        wh = _plain_jpeg(data, max_pixels)
+        if wh is not None:
+            return _opencv_region(cv2, data, *wh, box(*wh), size, flip, out)
+    elif decoder == "opencv":
+        raise ImportError("decoder='opencv' needs OpenCV: pip install opencv-python-headless")
     Image = _pil()
     img = open_image(data, max_pixels)
     W, H = img.width, img.height
     left, top, w, h = box(W, H)
     out_w, out_h = size
-    cv2 = _cv2() if decoder != "pillow" else None
-    whole = data[-2:] == b"\xff\xd9"  # (its end-of-image marker: not cut short)
-    if cv2 is not None and img.format == "JPEG" and img.mode in ("RGB", "L") and whole:
-        return _opencv_region(cv2, data, W, H, (left, top, w, h), size, flip, out)
-    if decoder == "opencv" and cv2 is None:
-        raise ImportError("decoder='opencv' needs OpenCV: pip install opencv-python-headless")
     if img.format == "JPEG" and w >= 2 * out_w and h >= 2 * out_h:
         # the smallest DCT scale at which the region is still at least the output's size
         img.draft("RGB", (math.ceil(W * out_w / w), math.ceil(H * out_h / h)))
@@ -228,12 +258,11 @@ def prepare(
     :func:`decode_region`."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
-    img = open_image(data, max_pixels)
-    W, H = img.width, img.height
-    target = _short_side_size(W, H, short_side)
     cv2 = _cv2() if decoder != "pillow" else None
-    whole = data[-2:] == b"\xff\xd9"
-    if cv2 is not None and img.format == "JPEG" and img.mode in ("RGB", "L") and whole:
+    wh = _plain_jpeg(data, max_pixels) if cv2 is not None else None
+    if cv2 is not None and wh is not None:
+        W, H = wh
+        target = _short_side_size(W, H, short_side)
         f = next((f for f in (8, 4, 2) if min(W, H) >= f * min(target)), 1)
         flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2,
                  4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}  # fmt: skip
@@ -249,6 +278,9 @@ def prepare(
         return rgb_pixels
     if decoder == "opencv" and cv2 is None:
         raise ImportError("decoder='opencv' needs OpenCV: pip install opencv-python-headless")
+    img = open_image(data, max_pixels)
+    W, H = img.width, img.height
+    target = _short_side_size(W, H, short_side)
     if img.format == "JPEG" and target != (W, H):
         img.draft("RGB", target)  # (the smallest DCT scale still at least the target)
     img = rgb(img)

@@ -30,9 +30,13 @@ from stoker.formats.records import RecordSource
 from stoker.loader.batch import Layout
 from stoker.records.held import View, held_rows, held_schema, map_file, read_held
 
-#: Makes one sample's fields from its row: ``(row, epoch, sample id, out, i)`` writes
-#: row ``i`` of every field of ``out``.
-Make = Callable[[dict[str, Any], int, int, dict[str, np.ndarray], int], None]
+#: Makes one sample's fields from its row: ``(row, epoch, sample id, out, i, draws)``
+#: writes row ``i`` of every field of ``out``; ``draws`` is the sample's row of what
+#: the reader's ``draws`` gave for the batch (None without one).
+Make = Callable[[dict[str, Any], int, int, dict[str, np.ndarray], int, Any], None]
+#: A batch's random draws, made at once: ``(sample ids, their epochs)`` to one item a
+#: sample (the augmentation's uniforms: one array operation a batch, not one a sample).
+Draws = Callable[[np.ndarray, np.ndarray], list[Any]]
 #: A block's row ``r`` as a dict of its columns.
 Rows = Callable[[int], dict[str, Any]]
 
@@ -57,7 +61,7 @@ class RecordReader:
 
     ``columns``: the columns ``make`` reads; ``horizon``: the samples it asks to be
     planned ahead; ``ahead``: blocks fetched ahead of the next sample's; ``decoding``:
-    samples made at once."""
+    samples made at once; ``draws``: each batch's random draws, handed to ``make``."""
 
     def __init__(
         self,
@@ -72,8 +76,9 @@ class RecordReader:
         decoding: int = 2,
         agent: Any = None,
         view: View | None = None,
+        draws: Draws | None = None,
     ) -> None:
-        self.source, self.layout, self.make = source, layout, make
+        self.source, self.layout, self.make, self.draws = source, layout, make, draws
         self.columns, self.epoch = columns, epoch
         self.horizon = max(1, horizon)
         self._ahead = max(1, ahead)
@@ -193,11 +198,15 @@ class RecordReader:
         local = ids - self.source.first_rows[blocks]
         each = None if epochs is None else np.asarray(epochs, dtype=np.int64).tolist()
         epoch = self.epoch
+        drawn: list[Any] = [None] * n
+        if self.draws is not None and n:
+            drawn = self.draws(ids, np.full(n, epoch) if epochs is None else np.asarray(epochs))
 
         def one(i: int) -> None:
             b, r = int(blocks[i]), int(local[i])
             try:
-                self.make(got[b](r), epoch if each is None else each[i], int(ids[i]), out, i)
+                e = epoch if each is None else each[i]
+                self.make(got[b](r), e, int(ids[i]), out, i, drawn[i])
             except Exception as exc:
                 where = self.source.where(int(ids[i]), b)
                 if isinstance(exc, DatasetError):
