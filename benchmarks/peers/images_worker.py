@@ -58,23 +58,21 @@ def prepare(mod: Any, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def read(mod: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    from peers.clock import PassClock
     from peers.images_common import check_batch
 
     data = cfg["folder"] if mod.prepare is None else cfg["data"]
-    t0 = time.perf_counter()
+    clock = PassClock()
     loader = mod.open_loader(data, cfg["num_workers"])
-    n, first = 0, None
-    start = time.perf_counter()
-    while n < cfg["images"]:
+    clock.begin()
+    while clock.n < cfg["images"]:
         for images, labels in loader:
-            if first is None:
-                first = time.perf_counter() - t0
+            clock.batch(len(labels))
+            if clock.n == clock.n_first:  # the first batch
                 check_batch(images, labels)
-            n += len(labels)
-            if n >= cfg["images"]:
+            if clock.n >= cfg["images"]:
                 break
-    dt = time.perf_counter() - start
-    return {"images": n, "seconds": dt, "images_s": n / dt, "first_batch_s": first}
+    return clock.result()
 
 
 def main(argv: list[str] | None = None) -> int:
