@@ -185,6 +185,35 @@ def test_the_default_names_a_bad_image_by_row_block_and_file(tmp_path: Path, row
         assert src.manifest.block_file(block).path in str(info.value)
 
 
+@needs_dali
+@pytest.mark.parametrize("row", [5, 26])
+@pytest.mark.parametrize("decode", ["dali", True])
+def test_a_state_taken_after_a_bad_image_reads_its_batch_again(
+    tmp_path: Path, row: int, decode: object
+) -> None:
+    # row 5 goes to stoker's decoder at once (no end marker), row 26 after DALI failed
+    # on its batch: both raise in the loader's process with decode="dali", after the
+    # batch was taken from the workers; in a worker with decode=True
+    root, _ = bad_rows(tmp_path, (row,))
+    for nw in (0, 2):
+        loader = stoker.TokenLoader(dataset(root, decode=decode, dali_device="cpu"), nw)
+        head = []
+        with warnings.catch_warnings(), pytest.raises(stoker.ImageError):
+            warnings.simplefilter("ignore")
+            for b in loader:
+                head.append(b["sample_id"].tolist())
+        state = loader.state_dict()
+        again = stoker.TokenLoader(dataset(root, decode=decode, dali_device="cpu",
+                                           on_error="skip"), nw)  # fmt: skip
+        again.load_state_dict(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rest = list(again)
+        ids = [i for b in head for i in b] + [i for b in rest for i in b["sample_id"].tolist()]
+        assert sorted(ids) == list(range(40))  # the bad batch's good samples too
+        assert row in {i for b in rest for i in b["sample_id"][b["skipped"]].tolist()}
+
+
 def test_without_dali_it_decodes_on_the_cpu_after_one_warning(
     images: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

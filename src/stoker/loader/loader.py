@@ -145,6 +145,7 @@ class TokenLoader:
         self._progress: st.Progress | None = None
         self.last_epoch: CoordinatedEpoch | None = None
         self._suspended: Generator[dict[str, torch.Tensor], None, None] | None = None
+        self._pass_progress: st.Progress | None = None  # the static pass's, as it counts
         self._pass_first = 0  # with a coordinator: the batch number this pass starts at
         self._pass_batches: int | None = None  # and the one it ends at
 
@@ -389,7 +390,7 @@ class TokenLoader:
             # new one: the slots it was made from are not lent on to the device tier)
             batches = self._iter(pl, lend if stage is None else None)
             if stage is not None:
-                batches = stage(batches)
+                batches = self._staged(stage, batches)
         keep = False
         try:
             count = (
@@ -412,6 +413,41 @@ class TokenLoader:
                 self._suspended = batches
             else:
                 batches.close()
+
+    def _staged(
+        self,
+        stage: Callable[[Iterator[Batch]], Iterator[Batch]],
+        batches: Generator[Batch, None, None],
+    ) -> Generator[Batch, None, None]:
+        """``stage(batches)``, where a batch the stage fails on (a records dataset's DALI
+        decode raising the error of an image it could not decode) is not counted as
+        consumed: a state_dict() taken after the error reads it again, as when a worker
+        fails on it. (A coordinator-fed pass confirmed it when it was read.)"""
+        held = 0  # samples the stage took from the pass and has not handed out
+
+        def pulled() -> Generator[Batch, None, None]:
+            nonlocal held
+            try:
+                for batch in batches:
+                    held = len(batch[SAMPLE_ID])
+                    yield batch
+            finally:
+                batches.close()
+
+        out = stage(pulled())
+        try:
+            for batch in out:
+                held = 0
+                yield batch
+        except Exception:
+            progress = self._pass_progress
+            if held and self.coordinator is None and progress is not None:
+                progress.consumed -= held
+            raise
+        finally:
+            close = getattr(out, "close", None)
+            if close is not None:
+                close()
 
     def _iter(
         self, pl: Placement, lend: _HostView | None
@@ -474,6 +510,7 @@ class TokenLoader:
         ds = self.dataset
         epoch = ds.begin_epoch(pl)
         progress, total = epoch.progress, epoch.batches
+        self._pass_progress = progress
         nw, depth = self.num_workers, self.prefetch
         layout = ds.layout if lend is None else ds.layout.with_dtypes(lend.transfer_dtypes())
         pool = WorkerPool(
