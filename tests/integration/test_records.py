@@ -381,3 +381,24 @@ def test_a_plan_read_to_its_end_fetches_nothing_again(rows: list[dict], tmp_path
     reader.close()
     assert sorted(fetched) == sorted(set(fetched))  # each block once
     assert set(fetched) == set(reader.source.block_of(ids).tolist())
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed"])
+def test_decoding_threads_raise_the_first_bad_row_of_a_batch(
+    rows: list[dict], tmp_path: Path, order: str
+) -> None:
+    # rows 3 and 6 are not images; decoded on two threads (every other row each), the
+    # error named is that of the one that comes first in the batch, as row by row
+    bad = [dict(r) for r in rows[:10]]
+    for i in (3, 6):
+        bad[i]["image"] = b"not an image"
+    written(bad, tmp_path / "ds")
+    ds = stoker.RecordDataset(str(tmp_path / "ds"), image_size=8, batch_size=10)
+    ids = np.arange(10) if order == "forward" else np.arange(10)[::-1].copy()
+    for decoding in (1, 2):
+        reader = ds.open_reader(0, decoding=decoding)
+        out = ds.layout.allocate(10)
+        with pytest.raises(stoker.ImageError, match=r": row (\d+) ") as info:
+            reader.fill(ids, out)
+        reader.close()
+        assert f": row {3 if order == 'forward' else 6} (block" in str(info.value)

@@ -216,9 +216,25 @@ class RecordReader:
                     note(f"(making {where})")
                 raise
 
-        if n > 1 and self._decoding > 1:
-            for f in [self._workers().submit(one, i) for i in range(n)]:
+        k = min(n, self._decoding)
+        if k > 1:
+            # one task a thread, every k-th row each (a task a row cost the threads a
+            # hand-off and a wake-up an image); the error raised is the first row's that
+            # failed, as decoding row by row would raise: each thread stops at its first
+            failed: list[tuple[int, BaseException]] = []
+
+            def every(j: int) -> None:
+                for i in range(j, n, k):
+                    try:
+                        one(i)
+                    except BaseException as exc:
+                        failed.append((i, exc))
+                        return
+
+            for f in [self._workers().submit(every, j) for j in range(k)]:
                 f.result()
+            if failed:
+                raise min(failed, key=lambda x: x[0])[1]
         else:
             for i in range(n):
                 one(i)
