@@ -356,3 +356,27 @@ def test_on_error_skip_keeps_every_batch_and_counts_the_skipped(tmp_path: Path) 
         list(stoker.TokenLoader(dataset(tmp_path / "bad", shuffle=False), 0))
     with pytest.raises(stoker.ConfigError, match="on_error"):
         dataset(tmp_path / "bad", on_error="ignore")
+
+
+def test_what_a_worker_would_import_each_pass_is_imported_with_the_dataset(
+    images: Path, tmp_path: Path
+) -> None:
+    # numpy's np.unique imports numpy.ma on its first call, and the decoder is OpenCV: a
+    # worker forked for a pass from a process without them imported them again, every
+    # pass (0.1-0.15 s before its first batch); made in a fresh interpreter, the datasets
+    # import them in the process that forks the workers
+    import subprocess
+    import sys
+
+    from .helpers import write_dataset
+
+    tokens = write_dataset(tmp_path / "tokens").path
+    code = (
+        "import sys, stoker\n"
+        f"stoker.TokenDataset({str(tokens)!r}, 16, batch_size=4)\n"
+        "print('numpy.ma' in sys.modules)\n"
+        f"stoker.RecordDataset({str(images)!r}, image_size=16, batch_size=4)\n"
+        "print('cv2' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

@@ -40,6 +40,14 @@ from stoker.observe.export import arm, exported, worker_export
 ITEM_CHUNK = 64
 
 
+def imported_before_forks() -> None:
+    """What numpy imports on first use, imported in the process that makes a dataset,
+    before its loader's (or a torch DataLoader's) workers are forked from it: numpy 2's
+    ``np.unique`` imports ``numpy.ma`` on its first call (0.15 s on a 2-core machine),
+    which every worker forked for a pass paid again, before its first batch."""
+    import numpy.ma  # noqa: F401
+
+
 class EpochPlan:
     """One pass of a rank over the static plan: where it starts (``progress``, whose
     ``consumed`` the loader advances as it hands batches out), the sources of its
@@ -141,6 +149,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         self._worker: dict[str, int] | None = None
         self._pass_key = uuid.uuid4().hex  # names this dataset's epochs in loader.passes
         arm()  # DataLoader workers iterating this dataset export their counts to this process
+        imported_before_forks()
 
     def stream(self) -> plan.Stream:
         """Stream positions -> sample ids (the pure plan; a new one each call, with its

@@ -196,6 +196,11 @@ class RecordDataset(PlannedDataset):
         if decoder not in DECODERS:
             raise ConfigError(f"decoder must be one of {list(DECODERS)}, got {decoder!r}")
         self.decoder = decoder
+        if decoder != "pillow" and decode is True:
+            # imported here, on the thread that makes the dataset, before any worker is
+            # forked from this process: each worker forked for a pass imported it again
+            # (0.1 s before its first batch on a 2-core machine)
+            _cv2()
         if max_bytes < 1:
             raise ConfigError(f"max_bytes must be >= 1, got {max_bytes}")
         self.decode, self.max_bytes = decode, max_bytes
