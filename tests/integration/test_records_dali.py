@@ -214,6 +214,40 @@ def test_a_state_taken_after_a_bad_image_reads_its_batch_again(
         assert row in {i for b in rest for i in b["sample_id"][b["skipped"]].tolist()}
 
 
+@needs_dali
+def test_an_interrupt_in_the_decode_leaves_its_batch_to_be_read_again(
+    images: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C while DALI decodes a batch in the loader's process, then a checkpoint: the
+    # batch it interrupted is read again after the restore
+    from stoker.records.dali import DaliDecode
+
+    real, calls = DaliDecode.decode, [0]
+
+    def interrupted(self: DaliDecode, batch: dict) -> dict:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    for nw in (0, 2):
+        calls[0] = 0
+        monkeypatch.setattr(DaliDecode, "decode", interrupted)
+        loader = stoker.TokenLoader(dataset(images, decode="dali", dali_device="cpu"), nw)
+        head = []
+        with pytest.raises(KeyboardInterrupt):
+            for b in loader:
+                head.append(b["sample_id"].tolist())
+        state = loader.state_dict()
+        monkeypatch.setattr(DaliDecode, "decode", real)
+        again = stoker.TokenLoader(dataset(images, decode="dali", dali_device="cpu"), nw)
+        again.load_state_dict(state)
+        rest = [b["sample_id"].tolist() for b in again]
+        assert len(head) == 2
+        ids = [i for b in head + rest for i in b]
+        assert sorted(ids) == list(range(N))
+
+
 def test_without_dali_it_decodes_on_the_cpu_after_one_warning(
     images: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

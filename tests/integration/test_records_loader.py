@@ -380,3 +380,13 @@ def test_what_a_worker_would_import_each_pass_is_imported_with_the_dataset(
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+    # and only imported: OpenCV's threads, which the user's own OpenCV code in this
+    # process uses, are left as they were (the reader sets its own where it decodes)
+    code = (
+        "import cv2, stoker\n"
+        "n = cv2.getNumThreads()\n"
+        f"stoker.RecordDataset({str(images)!r}, image_size=16, batch_size=4)\n"
+        "print(n > 0, cv2.getNumThreads() == n)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

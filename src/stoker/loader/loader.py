@@ -424,11 +424,13 @@ class TokenLoader:
         consumed: a state_dict() taken after the error reads it again, as when a worker
         fails on it. (A coordinator-fed pass confirmed it when it was read.)"""
         held = 0  # samples the stage took from the pass and has not handed out
+        progress: st.Progress | None = None  # that pass's (once it began)
 
         def pulled() -> Generator[Batch, None, None]:
-            nonlocal held
+            nonlocal held, progress
             try:
                 for batch in batches:
+                    progress = self._pass_progress
                     held = len(batch[SAMPLE_ID])
                     yield batch
             finally:
@@ -439,8 +441,7 @@ class TokenLoader:
             for batch in out:
                 held = 0
                 yield batch
-        except Exception:
-            progress = self._pass_progress
+        except BaseException:  # (a KeyboardInterrupt in the decode too: the state after it)
             if held and self.coordinator is None and progress is not None:
                 progress.consumed -= held
             raise

@@ -3,6 +3,8 @@ augmented, with their labels."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import threading
 import warnings
@@ -199,8 +201,10 @@ class RecordDataset(PlannedDataset):
         if decoder != "pillow" and decode is True:
             # imported here, on the thread that makes the dataset, before any worker is
             # forked from this process: each worker forked for a pass imported it again
-            # (0.1 s before its first batch on a 2-core machine)
-            _cv2()
+            # (0.1 s before its first batch on a 2-core machine); its threads are set
+            # where it decodes (:func:`~stoker.records.image._cv2`), not here
+            with contextlib.suppress(ImportError):
+                importlib.import_module("cv2")
         if max_bytes < 1:
             raise ConfigError(f"max_bytes must be >= 1, got {max_bytes}")
         self.decode, self.max_bytes = decode, max_bytes
