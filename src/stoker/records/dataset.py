@@ -407,8 +407,15 @@ class RecordDataset(PlannedDataset):
         if self.decoder != "pillow":
             _cv2()  # (imported on the consumer's thread, before its decode threads use it)
         columns = [self.image_column] + ([self.label_column] if self.label_column else [])
-        assert self.shuffle_config.shard_size is not None  # (resolved)
-        horizon = max(_HORIZON, 8 * self.shuffle_config.shard_size)
+        c = self.shuffle_config
+        assert c.shard_size is not None  # (resolved)
+        horizon, gap = max(_HORIZON, 8 * c.shard_size), None
+        if c.shuffle and c.order == "spread":
+            # planned over a unit's whole spread (its D turns), so a block is let go once
+            # its rows thin out (fewer than about 4 a turn), its last ones kept alone: each
+            # block fetched once a pass (with 8 turns planned, about 2.4 times)
+            turns = len(plan.spread_profile(c.shard_size, c.spread))
+            horizon, gap = max(_HORIZON, (turns + 1) * c.shard_size), max(1, c.shard_size // 4)
         return RecordReader(
             self.source,
             self.layout,
@@ -420,6 +427,7 @@ class RecordDataset(PlannedDataset):
             agent=self.agent,
             view=self.view(),
             draws=self._draws if self.augment == "train" else None,
+            gap=gap,
         )
 
     def _draws(self, ids: np.ndarray, epochs: np.ndarray) -> list[list[float]]:

@@ -56,12 +56,53 @@ def stored_rows(batch: Any, columns: list[str]) -> Rows:
     return lambda r: {c: col[r].as_py() for c, col in cols.items()}
 
 
+#: Bytes of rows a reader keeps alone at most (:meth:`RecordReader._keep_later`); past
+#: it, a block is fetched again for its later rows.
+KEPT_BYTES = 64 << 20
+
+
+def _size(row: dict[str, Any]) -> int:
+    return sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in row.values())
+
+
+def thinning(blocks: np.ndarray, gap: int | None) -> tuple[dict[int, int], np.ndarray]:
+    """Where a plan lets go of each block, and which of its uses come after that (pure).
+
+    ``blocks``: the block of each planned sample, in plan order. A block is let go after
+    its last use before its uses thin out (the next one more than ``gap`` positions
+    later; with ``gap`` None, after its last use): ``{block: that position}``, and per
+    planned sample whether it is one of the later uses, whose rows are kept alone when
+    the block goes (the spread order deals a unit's last rows out a few a turn over many
+    turns: holding the block for them, or fetching it again, costs a block for a row)."""
+    n = len(blocks)
+    if not n:
+        return {}, np.zeros(0, dtype=bool)
+    order = np.argsort(blocks, kind="stable")  # each block's uses together, in plan order
+    sb = blocks[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = sb[1:] != sb[:-1]
+    starts = np.flatnonzero(new)
+    cut = np.zeros(n, dtype=bool)
+    cut[np.r_[starts[1:], n] - 1] = True  # a block's last use
+    if gap is not None:
+        cut[:-1] |= (order[1:] - order[:-1]) > gap
+    cuts = np.flatnonzero(cut)
+    first_cut = cuts[np.searchsorted(cuts, starts)]  # each block's first cut
+    group = np.cumsum(new) - 1
+    later = np.zeros(n, dtype=bool)
+    later[order] = np.arange(n) > first_cut[group]
+    return dict(zip(sb[starts].tolist(), order[first_cut].tolist(), strict=True)), later
+
+
 class RecordReader:
     """Rows of a records dataset by sample id (its row number), made by ``make``.
 
     ``columns``: the columns ``make`` reads; ``horizon``: the samples it asks to be
     planned ahead; ``ahead``: blocks fetched ahead of the next sample's; ``decoding``:
-    samples made at once; ``draws``: each batch's random draws, handed to ``make``."""
+    samples made at once; ``draws``: each batch's random draws, handed to ``make``;
+    ``gap``: a block is let go once its next use is further than this, the rows of its
+    later uses kept alone (:func:`thinning`; None: a block is held to its last use, and
+    fetched again for a use the plan had not reached when it was let go)."""
 
     def __init__(
         self,
@@ -77,8 +118,11 @@ class RecordReader:
         agent: Any = None,
         view: View | None = None,
         draws: Draws | None = None,
+        gap: int | None = None,
     ) -> None:
         self.source, self.layout, self.make, self.draws = source, layout, make, draws
+        # (a row of the agent's memory is a view of it, gone with the block's pin)
+        self._gap = None if agent is not None else gap
         self.columns, self.epoch = columns, epoch
         self.horizon = max(1, horizon)
         self._ahead = max(1, ahead)
@@ -90,7 +134,14 @@ class RecordReader:
         self._seq = np.zeros(0, dtype=np.int64)  # the plan: sample ids
         self._bseq = np.zeros(0, dtype=np.int64)  # their blocks
         self._order = np.zeros(0, dtype=np.int64)  # the plan's blocks by first use
-        self._last: dict[int, int] = {}  # block -> its last use in the plan
+        self._first_use = np.zeros(0, dtype=np.int64)  # (that use's place in the plan)
+        self._last: dict[int, int] = {}  # block -> where the plan lets go of it
+        self._later = np.zeros(0, dtype=bool)  # per planned sample: a use after that
+        self._alone = np.zeros(0, dtype=bool)  # per planned sample: its row is kept alone
+        self._kept: dict[int, dict[str, Any]] = {}  # sample id -> its row, kept alone
+        self._kept_to: dict[int, int] = {}  # sample id -> its last use in the plan
+        self._kept_bytes = 0  # (their values' bytes, about)
+        self._gone: set[int] = set()  # blocks let go of with their later uses kept
         self._pos = 0
         self._closed = False
         self.agent = agent
@@ -107,10 +158,24 @@ class RecordReader:
         ids = np.asarray(upcoming, dtype=np.int64)
         blocks = self.source.block_of(ids)  # (IndexError for an id outside the dataset)
         self._seq, self._bseq, self._pos = ids, blocks, 0
-        first = np.unique(blocks, return_index=True)[1]
-        self._order = blocks[np.sort(first)]
-        rev = len(blocks) - 1 - np.unique(blocks[::-1], return_index=True)[1]
-        self._last = dict(zip(np.unique(blocks).tolist(), rev.tolist(), strict=True))
+        alone = np.zeros(len(ids), dtype=bool)
+        if self._kept:  # rows kept alone that this plan uses again, to their last use
+            kept = np.fromiter(self._kept, dtype=np.int64, count=len(self._kept))
+            alone = np.isin(ids, kept)
+            at = np.flatnonzero(alone)
+            last = dict(zip(ids[at].tolist(), at.tolist(), strict=True))  # (the last wins)
+            self._kept = {i: r for i, r in self._kept.items() if i in last}
+            self._kept_to = {i: last[i] for i in self._kept}
+            self._kept_bytes = sum(_size(r) for r in self._kept.values())
+        self._alone = alone
+        rest = np.flatnonzero(~alone)
+        last_of, later = thinning(blocks[rest], self._gap)
+        self._last = {b: int(rest[k]) for b, k in last_of.items()}
+        self._later = np.zeros(len(ids), dtype=bool)
+        self._later[rest] = later
+        self._gone = set()
+        first = rest[np.sort(np.unique(blocks[rest], return_index=True)[1])]
+        self._order, self._first_use = blocks[first], first  # blocks by first use
         for b in [b for b in self._blocks if b not in self._last]:
             self._drop(b)
         if self.agent is not None:
@@ -118,13 +183,11 @@ class RecordReader:
         self._fetch_ahead()
 
     def _fetch_ahead(self) -> None:
-        """Start fetching the next ``ahead`` blocks of the plan not fetched yet."""
-        if self._pos >= len(self._bseq):
-            return  # the plan is read: nothing ahead (its first blocks are not fetched again)
-        now = self._bseq[self._pos]
-        at = int(np.flatnonzero(self._order == now)[0])
+        """Start fetching the next ``ahead`` blocks the plan comes to (by their first use
+        from here on: a block first used earlier is held, or the plan is done with it)."""
+        at = int(np.searchsorted(self._first_use, self._pos))
         for b in self._order[at : at + self._ahead].tolist():
-            if b not in self._blocks:
+            if b not in self._blocks and b not in self._gone:
                 self._blocks[b] = self._pool().submit(self._fetch, b)
 
     def _fetch(self, b: int) -> _Block:
@@ -191,11 +254,19 @@ class RecordReader:
             self.plan(ids)  # not what was planned: these, and nothing known after them
             p = 0
         blocks = self._bseq[p : p + n]
-        for b in np.unique(blocks).tolist():
+        alone = self._alone[p : p + n]
+        needed = np.unique(blocks[~alone]).tolist()
+        for b in needed:
             if b not in self._blocks:
                 self._blocks[b] = self._pool().submit(self._fetch, b)
-        got = {b: self._blocks[b].result().rows for b in np.unique(blocks).tolist()}
+        got = {b: self._blocks[b].result().rows for b in needed}
+        kept = self._kept
         local = ids - self.source.first_rows[blocks]
+        rows = [
+            kept[i] if a else got[b](r)
+            for i, a, b, r in zip(ids.tolist(), alone.tolist(), blocks.tolist(), local.tolist(),
+                                  strict=True)
+        ]  # fmt: skip
         each = None if epochs is None else np.asarray(epochs, dtype=np.int64).tolist()
         epoch = self.epoch
         drawn: list[Any] = [None] * n
@@ -203,10 +274,10 @@ class RecordReader:
             drawn = self.draws(ids, np.full(n, epoch) if epochs is None else np.asarray(epochs))
 
         def one(i: int) -> None:
-            b, r = int(blocks[i]), int(local[i])
+            b = int(blocks[i])
             try:
                 e = epoch if each is None else each[i]
-                self.make(got[b](r), e, int(ids[i]), out, i, drawn[i])
+                self.make(rows[i], e, int(ids[i]), out, i, drawn[i])
             except Exception as exc:
                 where = self.source.where(int(ids[i]), b)
                 if isinstance(exc, DatasetError):
@@ -239,9 +310,36 @@ class RecordReader:
             for i in range(n):
                 one(i)
         self._pos = p + n
+        for i in ids[alone].tolist():
+            if self._kept_to.get(i, -1) < self._pos and i in kept:
+                self._kept_bytes -= _size(kept.pop(i))
+                self._kept_to.pop(i, None)
         for b in [b for b, last in self._last.items() if last < self._pos and b in self._blocks]:
-            self._drop(b)  # the plan needs it no more
+            if self._keep_later(b):
+                self._drop(b)  # the plan needs it no more (but for rows kept alone)
         self._fetch_ahead()
+
+    def _keep_later(self, b: int) -> bool:
+        """Before block ``b`` goes: the rows of its later uses in the plan, kept alone;
+        False (the block held to its last use) when they are past :data:`KEPT_BYTES`."""
+        at = self._pos + np.flatnonzero(
+            (self._bseq[self._pos :] == b) & self._later[self._pos :] & ~self._alone[self._pos :]
+        )
+        if not len(at):
+            return True
+        rows = self._blocks[b].result().rows
+        first = int(self.source.first_rows[b])
+        if self._kept_bytes >= KEPT_BYTES:
+            self._last[b] = int(at[-1])
+            return False
+        for k, i in zip(at.tolist(), self._seq[at].tolist(), strict=True):
+            if i not in self._kept:
+                row = self._kept[i] = rows(i - first)
+                self._kept_bytes += _size(row)
+            self._kept_to[i] = max(k, self._kept_to.get(i, -1))
+        self._alone[at] = True
+        self._gone.add(b)
+        return True
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._work is None:
@@ -252,6 +350,8 @@ class RecordReader:
         if os.getpid() != self._pid:
             return  # a forked child closing its parent's reader: the threads are the parent's
         self._closed = True
+        self._kept.clear()
+        self._kept_bytes = 0
         for b in list(self._blocks):
             self._drop(b)
         for pool in (self._io, self._work):
