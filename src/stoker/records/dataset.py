@@ -410,10 +410,13 @@ class RecordDataset(PlannedDataset):
         c = self.shuffle_config
         assert c.shard_size is not None  # (resolved)
         horizon, gap = max(_HORIZON, 8 * c.shard_size), None
-        if c.shuffle and c.order == "spread":
+        if c.shuffle and c.order == "spread" and self.agent is None:
             # planned over a unit's whole spread (its D turns), so a block is let go once
             # its rows thin out (fewer than about 4 a turn), its last ones kept alone: each
-            # block fetched once a pass (with 8 turns planned, about 2.4 times)
+            # block fetched once a pass (with 8 turns planned, about 2.4 times). Not through
+            # the node agent: a row it maps is a view of its memory, and a block it holds
+            # for a reader is pinned (planned that far, held to its last use, a reader
+            # would pin about three times the blocks); fetching again is a local map there
             turns = len(plan.spread_profile(c.shard_size, c.spread))
             horizon, gap = max(_HORIZON, (turns + 1) * c.shard_size), max(1, c.shard_size // 4)
         return RecordReader(
