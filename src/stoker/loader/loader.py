@@ -142,7 +142,6 @@ class TokenLoader:
         self._embedded: Embedded | None = None
         self._restore: dict[str, Any] | None = None  # a dynamic state to resume from
         self._min_epoch = 0
-        self._progress: st.Progress | None = None
         self.last_epoch: CoordinatedEpoch | None = None
         self._suspended: Generator[dict[str, torch.Tensor], None, None] | None = None
         self._pass_progress: st.Progress | None = None  # the static pass's, as it counts

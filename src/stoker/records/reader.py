@@ -141,7 +141,6 @@ class RecordReader:
         self._kept: dict[int, dict[str, Any]] = {}  # sample id -> its row, kept alone
         self._kept_to: dict[int, int] = {}  # sample id -> its last use in the plan
         self._kept_bytes = 0  # (their values' bytes, about)
-        self._gone: set[int] = set()  # blocks let go of with their later uses kept
         self._pos = 0
         self._closed = False
         self.agent = agent
@@ -173,7 +172,6 @@ class RecordReader:
         self._last = {b: int(rest[k]) for b, k in last_of.items()}
         self._later = np.zeros(len(ids), dtype=bool)
         self._later[rest] = later
-        self._gone = set()
         first = rest[np.sort(np.unique(blocks[rest], return_index=True)[1])]
         self._order, self._first_use = blocks[first], first  # blocks by first use
         for b in [b for b in self._blocks if b not in self._last]:
@@ -184,10 +182,11 @@ class RecordReader:
 
     def _fetch_ahead(self) -> None:
         """Start fetching the next ``ahead`` blocks the plan comes to (by their first use
-        from here on: a block first used earlier is held, or the plan is done with it)."""
+        from here on: a block first used earlier is held, or the plan is done with it, or
+        its later rows are kept alone)."""
         at = int(np.searchsorted(self._first_use, self._pos))
         for b in self._order[at : at + self._ahead].tolist():
-            if b not in self._blocks and b not in self._gone:
+            if b not in self._blocks:
                 self._blocks[b] = self._pool().submit(self._fetch, b)
 
     def _fetch(self, b: int) -> _Block:
@@ -327,18 +326,17 @@ class RecordReader:
         )
         if not len(at):
             return True
-        rows = self._blocks[b].result().rows
-        first = int(self.source.first_rows[b])
         if self._kept_bytes >= KEPT_BYTES:
             self._last[b] = int(at[-1])
             return False
+        rows = self._blocks[b].result().rows
+        first = int(self.source.first_rows[b])
         for k, i in zip(at.tolist(), self._seq[at].tolist(), strict=True):
             if i not in self._kept:
                 row = self._kept[i] = rows(i - first)
                 self._kept_bytes += _size(row)
             self._kept_to[i] = max(k, self._kept_to.get(i, -1))
         self._alone[at] = True
-        self._gone.add(b)
         return True
 
     def _workers(self) -> ThreadPoolExecutor:
