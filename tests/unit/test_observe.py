@@ -79,3 +79,33 @@ def test_storage_reports_to_the_observer_it_is_given(tmp_path: Path) -> None:
     from stoker.observe.registry import registry
 
     assert Storage(str(tmp_path)).observer is registry()  # the default
+
+
+def test_a_decode_pool_collected_under_the_registry_lock_is_counted_closed() -> None:
+    """A collection can run a reader's decode pool finalizer in a thread that holds the
+    registry's lock (a loader counting a mixture's batch under it): it must not wait
+    on that lock forever."""
+    import gc
+    import threading
+    from types import SimpleNamespace
+
+    from stoker.loader.arena import decode_threads
+    from stoker.observe.registry import Metrics
+
+    metrics = Metrics()
+    source = SimpleNamespace(storage=SimpleNamespace(observer=metrics))
+    counted: list[int] = []
+
+    def run() -> None:
+        with metrics.lock:
+            pool = decode_threads(source, 2)  # type: ignore[arg-type]
+            counted.append(metrics.threads.count)
+            del pool
+            gc.collect()  # its finalizer runs here, in this thread
+            counted.append(metrics.threads.count)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the finalizer waited on the lock its own thread holds"
+    assert counted == [2, 0]

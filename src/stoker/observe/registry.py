@@ -65,7 +65,9 @@ class Metrics:
     """One process's counters (thread-safe)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # re-entrant: a collection can run a storage pool's finalizer (threads_closed) in
+        # a thread that holds the lock already (a loader counting a batch under it)
+        self.lock = threading.RLock()
         self.storage = dict.fromkeys(STORAGE, 0)
         self.storage_latency = Histogram()
         self.threads = Threads()
@@ -79,7 +81,7 @@ class Metrics:
     def _forked(self) -> None:
         # a fork can happen while another thread (the /metrics server) holds the lock;
         # the child's thread pools are its own (none yet)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.threads = Threads(busy=self.threads.busy, alive=self.threads.alive)
 
     # -- block threads ---------------------------------------------------------------
