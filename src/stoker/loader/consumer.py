@@ -11,7 +11,12 @@ alike. What differs is only what is plugged in:
 * the *reader* of the kind of data (:class:`Reader`: what a row holds, in its
   :class:`~stoker.loader.batch.Layout`, and how to fill rows);
 * where a batch goes (``take``: a free shared-memory slot of a worker, or fresh
-  arrays in the process that reads).
+  arrays in the process that reads);
+* optionally a :class:`Carry`: a consumer in the process that uses its batches keeps
+  its planner and reader at the end of a pass that read its whole share, planned into
+  the next epoch's first positions, and the next pass adopts them when it is the pass
+  predicted (nothing loaded or set in between): its first batches were decoded while
+  the last one was read, and nothing is planned or opened again.
 
 :class:`Planner` keeps the reader planned ahead of use: it asks the source what
 comes after each batch (``upcoming``) and re-plans the reader whenever less
@@ -52,17 +57,34 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
+class Carry(Protocol):
+    """Where a consumer's planner and reader wait between two passes of one process."""
+
+    def adopt(self, worker: int) -> tuple[Planner, Reader] | None:
+        """What the pass before kept for worker ``worker``, when this pass is the one it
+        was planned for (else None, and whatever was kept is closed)."""
+        ...
+
+    def keep(self, worker: int, planner: Planner, reader: Reader) -> bool:
+        """Keep them for the next pass (after this one read its whole share); False
+        when this pass plans none (the caller closes the reader)."""
+        ...
+
+
 @dataclass(frozen=True)
 class ConsumerSpec:
     """What one consumer runs, made in the process that runs it (after a fork):
     ``source(worker)`` its positions, ``samples`` the plan, ``reader(epoch)`` its reader
     for the epoch its positions are of (a kind whose samples are random, as augmented
-    records are, draws them from the epoch and the sample id)."""
+    records are, draws them from the epoch and the sample id); ``carry`` keeps the
+    planner and reader from one pass to the next (a consumer in the process that uses
+    its batches)."""
 
     source: Callable[[int], PositionSource]
     samples: Callable[[np.ndarray], np.ndarray]
     reader: Callable[[int], Reader]
     batch_size: int
+    carry: Carry | None = None
 
 
 class Planner:
@@ -83,6 +105,11 @@ class Planner:
         # ... but a coordinator's source learns more (a lease granted ahead): asked again
         # every ``horizon // 8`` positions taken while the plan is short
         self._idle = 0
+
+    def adopt(self, source: PositionSource, samples: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Go on with the next pass's ``source`` (and plan): what is planned already
+        holds as long as its positions are the ones the source hands out."""
+        self.source, self.samples = source, samples
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         n = len(positions)
@@ -155,18 +182,25 @@ Take = Callable[[int], "tuple[int, dict[str, np.ndarray]] | None"]
 def produce(spec: ConsumerSpec, worker: int, take: Take) -> Iterator[Began | Made]:
     """The consumer loop: every batch of worker ``worker``'s positions, read into what
     ``take(rows)`` gives (``(slot, arrays)``, or None to stop), announced as it is made.
-    The reader is closed at the end, however the loop ends."""
+    The reader is closed at the end, however the loop ends, unless ``spec.carry`` keeps
+    it (with its planner) for the next pass, after a pass that read its whole share."""
     source = spec.source(worker)
-    reader = spec.reader(source.epoch)
+    kept = spec.carry.adopt(worker) if spec.carry is not None else None
+    planner, reader = kept if kept is not None else (None, spec.reader(source.epoch))
+    whole = False  # the pass read all its source handed out
     try:
         yield Began(source.consumer, source.epoch, source.first_step)
         seen = source.reregistered
-        planner = Planner(source, spec.samples, reader, max(spec.batch_size, reader.horizon))
+        if planner is None:
+            planner = Planner(source, spec.samples, reader, max(spec.batch_size, reader.horizon))
+        else:
+            planner.adopt(source, spec.samples)
         batches = source.batches(spec.batch_size)
         while True:
             t = time.perf_counter()
             got = next(batches, None)
             if got is None:
+                whole = True
                 return
             positions, segments = got
             ids = planner(positions)
@@ -184,7 +218,14 @@ def produce(spec: ConsumerSpec, worker: int, take: Take) -> Iterator[Began | Mad
                 yield Began(source.consumer, source.epoch, source.first_step)
             yield Made(slot, len(ids), segments, busy, None if slot >= 0 else arrays)
     finally:
-        reader.close()
+        carry = spec.carry
+        if not (
+            whole
+            and carry is not None
+            and planner is not None
+            and carry.keep(worker, planner, reader)
+        ):
+            reader.close()
 
 
 def allocate(layout: Layout) -> Take:

@@ -173,6 +173,13 @@ class TokenDataset(PlannedDataset):
         return self.agent is not None
 
     @property
+    def reader_spans_epochs(self) -> bool:  # type: ignore[override]
+        """A token sample is the same whatever the epoch: a pass in the process that uses
+        its batches keeps its reader for the next, without a node agent (through one, the
+        agent keeps what it prefetched, and a reader kept would keep its blocks pinned)."""
+        return self.agent is None
+
+    @property
     def layout(self) -> Layout:
         return TokenReader.layout_for(self.seq_len, self.doc_starts)
 

@@ -344,6 +344,9 @@ class TokenLoader:
         if self._device is not None:
             self._device.close()
         self._drop_suspended()
+        release = getattr(self.dataset, "release_readers", None)
+        if release is not None:
+            release()  # (a reader its last pass kept for the next)
         if self._embedded is not None:
             self._embedded.close()
             self._embedded = None
@@ -514,7 +517,7 @@ class TokenLoader:
         nw, depth = self.num_workers, self.prefetch
         layout = ds.layout if lend is None else ds.layout.with_dtypes(lend.transfer_dtypes())
         pool = WorkerPool(
-            epoch.spec(nw), layout, nw, prefetch=depth, timeout=self.timeout, rank=pl.rank,
+            epoch.spec(nw, carry=nw == 0), layout, nw, prefetch=depth, timeout=self.timeout, rank=pl.rank,
             ordered=True,
         )  # fmt: skip
         loans = None if lend is None or nw == 0 else Loans()

@@ -30,6 +30,7 @@ from stoker.errors import ConfigError, StateError
 from stoker.loader import passes
 from stoker.loader import state as st
 from stoker.loader.batch import SAMPLE_ID, Layout
+from stoker.loader.carry import Kept, PassCarry, pass_key
 from stoker.loader.consumer import ConsumerSpec, Made, Reader, allocate, produce
 from stoker.loader.distributed import Placement, detect
 from stoker.loader.sources import StaticSource
@@ -62,29 +63,55 @@ class EpochPlan:
         p = self.progress
         return -(-(p.split.per_rank - p.consumed) // self.dataset.batch_size)
 
-    def source(self, worker: int, num_workers: int, skip: int = 0) -> StaticSource:
+    def source(
+        self, worker: int, num_workers: int, skip: int = 0, follow: bool = False
+    ) -> StaticSource:
         """Worker ``worker`` of ``num_workers``'s positions, the next epoch's first ones
-        planned behind them when the dataset asks for that (:attr:`plans_next_epoch`)."""
-        ds, p = self.dataset, self.progress
-        following = None
-        if ds.plans_next_epoch:
-            nxt = st.Progress(
-                p.epoch + 1,
-                p.split.next_epoch_set(p.epoch, ds.num_samples, ds.drop_remainder),
-                p.world,
-                p.chunk,
-            )
-            following = StaticSource(nxt, self.rank, worker, num_workers, ds.batch_size)
-        return StaticSource(p, self.rank, worker, num_workers, ds.batch_size, skip, following)
-
-    def spec(self, num_workers: int, batch_size: int | None = None, skip: int = 0) -> ConsumerSpec:
-        """What each of ``num_workers`` consumers of this pass runs."""
+        planned behind them when the dataset asks for that (:attr:`plans_next_epoch`) or
+        ``follow`` (the consumer's reader is kept for the next pass)."""
         ds = self.dataset
+        following = None
+        if ds.plans_next_epoch or follow:
+            following = StaticSource(
+                self.next_progress(), self.rank, worker, num_workers, ds.batch_size
+            )
+        return StaticSource(
+            self.progress, self.rank, worker, num_workers, ds.batch_size, skip, following
+        )
+
+    def next_progress(self) -> st.Progress:
+        """Where the next epoch's pass starts once this one has read the whole epoch."""
+        ds, p = self.dataset, self.progress
+        return st.Progress(
+            p.epoch + 1,
+            p.split.next_epoch_set(p.epoch, ds.num_samples, ds.drop_remainder),
+            p.world,
+            p.chunk,
+        )
+
+    def spec(
+        self, num_workers: int, batch_size: int | None = None, skip: int = 0, carry: bool = False
+    ) -> ConsumerSpec:
+        """What each of ``num_workers`` consumers of this pass runs; with ``carry`` (its
+        one consumer runs in this process), the consumer's planner and reader are
+        adopted from the pass before and kept for the next (:mod:`stoker.loader.carry`)
+        where the dataset's readers read any epoch."""
+        ds = self.dataset
+        n = max(1, num_workers)
+        carried: PassCarry | None = None
+        if carry and ds.reader_spans_epochs:
+            this = pass_key(self.progress, self.rank, n, ds.batch_size)
+            after = pass_key(self.next_progress(), self.rank, n, ds.batch_size)
+            carried = PassCarry(ds._kept, this, after)
+        else:
+            ds._kept.release()  # (workers of their own, or another kind of pass)
+        follow = carried is not None
         return ConsumerSpec(
-            source=lambda w: self.source(w, max(1, num_workers), skip),
+            source=lambda w: self.source(w, n, skip, follow),
             samples=ds.stream().samples,
             reader=ds.open_reader,
             batch_size=batch_size or ds.batch_size,
+            carry=carried,
         )
 
     def finish(self) -> None:
@@ -113,6 +140,10 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
     plans_next_epoch: bool = False
     #: Whether a coordinator's leases can feed it (positions it maps one by one).
     coordinated: bool = True
+    #: Whether its reader reads the samples of any epoch (a token sample is the same
+    #: whatever the epoch; an augmented record is not), so that a pass in the process
+    #: that uses its batches keeps its reader for the next (:mod:`stoker.loader.carry`).
+    reader_spans_epochs: bool = False
 
     # -- what a kind supplies ----------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -148,6 +179,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         self._progress: st.Progress | None = None
         self._worker: dict[str, int] | None = None
         self._pass_key = uuid.uuid4().hex  # names this dataset's epochs in loader.passes
+        self._kept = Kept()  # a pass's reader kept for the next (stoker.loader.carry)
         arm()  # DataLoader workers iterating this dataset export their counts to this process
         imported_before_forks()
 
@@ -194,6 +226,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
             raise ConfigError(f"epoch must be >= 0, got {epoch}")
         self._pass_key = uuid.uuid4().hex  # what the workers of later passes run anew
         if epoch != self._epoch:
+            self._kept.release()
             self._next_set = None
             self._pending = None
             self._finished = None
@@ -204,6 +237,11 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
     @property
     def epoch(self) -> int:
         return self._epoch
+
+    def release_readers(self) -> None:
+        """Close the reader a finished pass kept for the next (:mod:`stoker.loader.carry`):
+        its decoded samples and threads go now instead of at the next pass."""
+        self._kept.release()
 
     def _begin(self, pl: Placement) -> tuple[st.Progress, int]:
         """Progress to iterate and how many of this worker's samples to skip.
@@ -327,10 +365,12 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
     def _samples(self) -> Iterator[dict[str, Any]]:
         """One sample at a time: the consumer loop in this process, :data:`ITEM_CHUNK`
         rows per read."""
+        from torch.utils.data import get_worker_info
+
         pl = self.placement()
         epoch, skip = self._start(pl)
         progress = epoch.progress
-        spec = epoch.spec(pl.num_workers, ITEM_CHUNK, skip)
+        spec = epoch.spec(pl.num_workers, ITEM_CHUNK, skip, carry=get_worker_info() is None)
         count: Callable[[], None]
         if self._worker is not None:
             worker = self._worker
@@ -401,6 +441,7 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
             )
         self._pending = dict(state)
         self._pass_key = uuid.uuid4().hex
+        self._kept.release()
         self._finished = None
         self._epoch = state["epoch"]
         self._next_set = None

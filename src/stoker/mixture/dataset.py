@@ -309,6 +309,12 @@ class Mixture(PlannedDataset):
 
     # -- what a batch holds, and its reader ----------------------------------------------
     @property
+    def reader_spans_epochs(self) -> bool:  # type: ignore[override]
+        """Whether every source's reader reads any epoch's samples (the sources' epochs
+        are the mixture's sample ids' own): then a pass keeps its reader for the next."""
+        return all(self.sources[n].reader_spans_epochs for n in self.names)
+
+    @property
     def layout(self) -> Layout:
         fields = {k: f for k, f in self.sources[self.names[0]].layout.items() if k != SAMPLE_ID}
         return Layout({**fields, SOURCE: Field(torch.int64)})
@@ -409,6 +415,7 @@ class Mixture(PlannedDataset):
                 f"{where}: not a mixture's state of version {STATE_VERSION} (a "
                 "dataset's state loads into that dataset, not a mixture)"
             )
+        self._kept.release()  # (planned as this mixture's stream was before the state)
         saved = state.get("mixture")
         if not isinstance(saved, dict):
             raise StateError(f"{where}: state field 'mixture' must be an object")

@@ -1,0 +1,124 @@
+"""A consumer's planner and reader, kept from one pass to the next in one process.
+
+A pass of the static plan in the process that uses its batches (a
+:class:`~stoker.TokenLoader` with ``num_workers=0``, or a dataset iterated directly)
+plans its reader past its epoch's end, into the first positions of the pass that
+follows it (its source's ``following``). When it reads its whole share, its planner
+and reader are kept on the dataset (:class:`Kept`), under the name of the pass
+predicted to follow: the same rank, workers and batch interleave, the next epoch and
+the epoch set the finished one carries into it. The next pass adopts them when it is
+that pass; its first blocks were decoded while the last pass was read, and nothing
+is opened, mapped or planned again. Any other pass (another epoch set, a loaded
+state, workers of another process) closes what was kept, and so do
+:meth:`~stoker.loader.planned.PlannedDataset.set_epoch` to another epoch,
+``load_state_dict`` and :meth:`~stoker.TokenLoader.close`.
+
+Only a kind whose reader reads any epoch's samples is carried
+(:attr:`~stoker.loader.planned.PlannedDataset.reader_spans_epochs`): token samples
+are the same whatever the epoch, augmented records are not.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from stoker.loader import state as st
+
+if TYPE_CHECKING:
+    from stoker.loader.consumer import Planner, Reader
+
+PassKey = tuple[int, int, int, int, int, int, int, bytes]
+
+
+def pass_key(progress: st.Progress, rank: int, num_workers: int, interleave: int) -> PassKey:
+    """What a pass's positions follow from: the rank, its workers and their batch
+    interleave, the epoch, its set, the world, its chunk and what was consumed of it."""
+    p = progress
+    return (
+        rank,
+        num_workers,
+        interleave,
+        p.epoch,
+        p.world,
+        p.chunk,
+        p.consumed,
+        p.epoch_set.tobytes(),
+    )
+
+
+class Kept:
+    """The planners and readers a dataset's last pass kept for the pass it predicted
+    (one per consumer of that pass), in the process they were made in."""
+
+    def __init__(self) -> None:
+        self._key: PassKey | None = None
+        self._held: dict[int, tuple[Planner, Reader]] = {}
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def put(self, key: PassKey, worker: int, planner: Planner, reader: Reader) -> None:
+        with self._lock:
+            if key != self._key or self._pid != os.getpid():
+                stale = self._take_all()
+                self._key, self._pid = key, os.getpid()
+            else:
+                stale = [self._held.pop(worker)] if worker in self._held else []
+            self._held[worker] = (planner, reader)
+        _close(stale)
+
+    def take(self, key: PassKey, worker: int) -> tuple[Planner, Reader] | None:
+        """Worker ``worker``'s planner and reader, when they were kept for the pass
+        ``key``; otherwise None, and what was kept for another pass is closed."""
+        with self._lock:
+            if key == self._key and self._pid == os.getpid():
+                return self._held.pop(worker, None)
+            stale = self._take_all()
+        _close(stale)
+        return None
+
+    def release(self) -> None:
+        """Close whatever is kept."""
+        with self._lock:
+            stale = self._take_all()
+        _close(stale)
+
+    def _take_all(self) -> list[tuple[Planner, Reader]]:
+        """Everything kept, let go of here (under the lock); in a process forked from
+        the one they were made in, dropped unclosed: their threads are not here."""
+        held, self._held, self._key = list(self._held.values()), {}, None
+        return held if self._pid == os.getpid() else []
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def __reduce__(self) -> tuple[type[Kept], tuple[()]]:
+        """A pickled dataset (a spawned DataLoader worker's) keeps nothing: a reader and
+        its threads are this process's."""
+        return (Kept, ())
+
+
+def _close(held: list[tuple[Planner, Reader]]) -> None:
+    for _, reader in held:
+        reader.close()
+
+
+@dataclass(frozen=True)
+class PassCarry:
+    """:class:`~stoker.loader.consumer.Carry` of one pass: it adopts what was kept for
+    ``this`` pass and keeps its own for ``following`` (None: nothing is kept)."""
+
+    kept: Kept
+    this: PassKey
+    following: PassKey | None
+
+    def adopt(self, worker: int) -> tuple[Planner, Reader] | None:
+        return self.kept.take(self.this, worker)
+
+    def keep(self, worker: int, planner: Planner, reader: Reader) -> bool:
+        if self.following is None:
+            return False
+        self.kept.put(self.following, worker, planner, reader)
+        return True
