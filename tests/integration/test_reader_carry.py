@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 import stoker
 
@@ -122,7 +123,7 @@ def test_iterating_the_dataset_itself_keeps_its_reader_too(written: dict[str, Wr
     assert opened.open == 0
 
 
-@pytest.mark.parametrize("change", ["other epoch", "state", "workers"])
+@pytest.mark.parametrize("change", ["other epoch", "state", "workers", "DataLoader workers"])
 def test_a_kept_reader_is_closed_when_the_next_pass_is_another(
     written: dict[str, Written], change: str
 ) -> None:
@@ -145,10 +146,15 @@ def test_a_kept_reader_is_closed_when_the_next_pass_is_another(
         ds.load_state_dict(state)
         assert opened.open == 0
         assert head + rows(list(loader)) == fresh(written, "spread", 1)
-    else:
+    elif change == "workers":
         got = list(stoker.TokenLoader(ds, 2))  # forked workers: the kept reader closed first
         assert opened.closed == opened.readers[:2]
         assert rows(got) == fresh(written, "spread", 2)
+    else:  # torch's workers, forked from here: the kept reader is closed before the fork
+        it = iter(DataLoader(ds, batch_size=None, num_workers=2))
+        assert opened.open == 0
+        ids = [int(s["sample_id"]) for s in it]
+        assert sorted(ids) == sorted(i for i, _ in fresh(written, "spread", 2))
 
 
 def test_setting_the_epoch_that_comes_next_keeps_the_reader(written: dict[str, Written]) -> None:

@@ -60,17 +60,32 @@ def test_the_epoch_set_is_part_of_the_key() -> None:
     assert pass_key(a, 0, 1, 4) != pass_key(b, 0, 1, 4)
 
 
-def test_a_forked_child_neither_adopts_nor_closes_its_parents_reader() -> None:
+def test_what_is_kept_is_closed_before_the_process_forks() -> None:
+    """A kept reader's threads may be decoding at the fork: the child must inherit none
+    of their locks, so the reader is closed first (here, in the parent)."""
     kept, r = Kept(), Reader()
     kept.put(key(1), 0, object(), r)  # type: ignore[arg-type]
     pid = os.fork()
-    if pid == 0:  # the child: nothing to adopt, nothing of the parent's closed
-        code = 0 if kept.take(key(1), 0) is None and r.closed == 0 else 1
-        kept.release()
-        os._exit(code if r.closed == 0 else 1)
+    if pid == 0:  # the child: nothing to adopt
+        os._exit(0 if kept.take(key(1), 0) is None and r.closed == 1 else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert r.closed == 0 and kept.take(key(1), 0) is not None
+    assert r.closed == 1 and not kept
+
+
+def test_a_reader_that_failed_is_not_kept() -> None:
+    kept, r = Kept(), Reader()
+    r.failed = True  # type: ignore[attr-defined]
+    assert not PassCarry(kept, key(0), key(1)).keep(0, object(), r)  # type: ignore[arg-type]
+    assert not kept
+
+
+def test_a_stream_mapped_otherwise_is_another_pass() -> None:
+    p = st.Progress(1, intervals.make([(0, 100)]), 1, 4)
+    kept, r = Kept(), Reader()
+    kept.put(pass_key(p, 0, 1, 4, '{"world": 2}'), 0, object(), r)  # type: ignore[arg-type]
+    assert kept.take(pass_key(p, 0, 1, 4, '{"world": 3}'), 0) is None
+    assert r.closed == 1
 
 
 def test_a_pickled_copy_keeps_nothing() -> None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,14 +32,19 @@ from stoker.loader import state as st
 if TYPE_CHECKING:
     from stoker.loader.consumer import Planner, Reader
 
-PassKey = tuple[int, int, int, int, int, int, int, bytes]
+PassKey = tuple[str, int, int, int, int, int, int, int, bytes]
 
 
-def pass_key(progress: st.Progress, rank: int, num_workers: int, interleave: int) -> PassKey:
-    """What a pass's positions follow from: the rank, its workers and their batch
-    interleave, the epoch, its set, the world, its chunk and what was consumed of it."""
+def pass_key(
+    progress: st.Progress, rank: int, num_workers: int, interleave: int, stream: str = ""
+) -> PassKey:
+    """What a pass's samples follow from: how the dataset maps positions (``stream``, its
+    :meth:`~stoker.loader.planned.PlannedDataset.stream_identity`), the rank, its workers
+    and their batch interleave, the epoch, its set, the world, its chunk and what was
+    consumed of it."""
     p = progress
     return (
+        stream,
         rank,
         num_workers,
         interleave,
@@ -51,7 +58,11 @@ def pass_key(progress: st.Progress, rank: int, num_workers: int, interleave: int
 
 class Kept:
     """The planners and readers a dataset's last pass kept for the pass it predicted
-    (one per consumer of that pass), in the process they were made in."""
+    (one per consumer of that pass), in the process they were made in.
+
+    Whatever is kept is closed before this process forks (``os.fork``, a torch
+    DataLoader's workers): a kept reader's threads go on decoding the next epoch's
+    first blocks, and a child must not inherit a lock one of them holds."""
 
     def __init__(self) -> None:
         self._key: PassKey | None = None
@@ -60,6 +71,7 @@ class Kept:
         self._lock = threading.Lock()
 
     def put(self, key: PassKey, worker: int, planner: Planner, reader: Reader) -> None:
+        _closed_before_forks(self)
         with self._lock:
             if key != self._key or self._pid != os.getpid():
                 stale = self._take_all()
@@ -101,8 +113,35 @@ class Kept:
 
 
 def _close(held: list[tuple[Planner, Reader]]) -> None:
+    """Close every reader (one that fails to close is warned of: it read nothing more)."""
     for _, reader in held:
-        reader.close()
+        try:
+            reader.close()
+        except Exception as exc:
+            warnings.warn(f"a kept reader failed to close: {exc!r}", RuntimeWarning, stacklevel=2)
+
+
+_live: weakref.WeakSet[Kept] = weakref.WeakSet()  # (those that ever kept something)
+_hooked = False
+
+
+def _closed_before_forks(kept: Kept) -> None:
+    """Release ``kept`` before any fork of this process (a hook the first keep installs)."""
+    global _hooked
+    _live.add(kept)
+    if not _hooked:
+        _hooked = True
+        os.register_at_fork(before=_release_all, after_in_child=_relock)
+
+
+def _release_all() -> None:
+    for kept in list(_live):
+        kept.release()
+
+
+def _relock() -> None:
+    for kept in list(_live):
+        kept._lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -118,7 +157,9 @@ class PassCarry:
         return self.kept.take(self.this, worker)
 
     def keep(self, worker: int, planner: Planner, reader: Reader) -> bool:
-        if self.following is None:
+        # (a reader whose read-ahead failed keeps its error: the next pass opens a fresh
+        # one, which tries the block again)
+        if self.following is None or getattr(reader, "failed", False):
             return False
         self.kept.put(self.following, worker, planner, reader)
         return True

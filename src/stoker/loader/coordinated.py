@@ -140,6 +140,7 @@ class CoordinatedEpoch:
     def _produce(self) -> Iterator[tuple[int, Batch, Segments]]:
         """``(consumer, batch, segments)`` as the pool's consumers read them."""
         ds = self.ds
+        ds.release_readers()  # (a reader an in-process static pass kept: not this pass's)
         stream, locality = ds.stream_identity(), ds.locality()
         # the pass is one epoch: the coordinator's current one, unless this rank is past it;
         # a worker that could only join a later epoch (the others finished this one first)

@@ -100,8 +100,9 @@ class EpochPlan:
         n = max(1, num_workers)
         carried: PassCarry | None = None
         if carry and ds.reader_spans_epochs:
-            this = pass_key(self.progress, self.rank, n, ds.batch_size)
-            after = pass_key(self.next_progress(), self.rank, n, ds.batch_size)
+            stream = ds.stream_identity()
+            this = pass_key(self.progress, self.rank, n, ds.batch_size, stream)
+            after = pass_key(self.next_progress(), self.rank, n, ds.batch_size, stream)
             carried = PassCarry(ds._kept, this, after)
         else:
             ds._kept.release()  # (workers of their own, or another kind of pass)

@@ -159,6 +159,11 @@ class SampleReader:
         self.heads = 0  # of them, decoded only as far as samples that end in them need
         self.leads = 0  # jobs filled from a block's first tokens kept from an earlier decode
 
+    @property
+    def failed(self) -> bool:
+        """Whether a job failed (its error is raised by every later call)."""
+        return self._error is not None
+
     # -- the plan -----------------------------------------------------------------------
     def plan(self, upcoming: np.ndarray) -> None:
         """The samples that come next, in order (the next fill starts with the first)."""

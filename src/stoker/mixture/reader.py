@@ -164,6 +164,11 @@ class MixReader:
                 out[k][a:b] = v[r : r + b - a]
             a = b
 
+    @property
+    def failed(self) -> bool:
+        """Whether a source's reader holds an error (see ``SampleReader.failed``)."""
+        return any(getattr(a.reader, "failed", False) for a in self._ahead)
+
     def close(self) -> None:
         for a in self._ahead:
             a.reader.close()
