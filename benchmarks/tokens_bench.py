@@ -422,7 +422,7 @@ def bench_smoke(
         rss_after_import=t0["rss_after_import"],
         first_warm=res["first"]["first_s"],
         first_cold=res.get("first_cold", {}).get("first_s"),
-        cold_note=None if remote else (args.http_support.get(key) or "no nginx"),
+        cold_note=None if remote else _cold_note(args.http_support.get(key)),
         resume_kind=args.resume_kind.get(key),
         resume_at_batch=skip,
     )
@@ -694,6 +694,12 @@ def _rss_delta(s: dict[str, Any]) -> float | None:
     if s.get("peak_rss") is None or s.get("rss_after_import") is None:
         return None
     return s["peak_rss"] - s["rss_after_import"]
+
+
+def _cold_note(http: Any) -> str:
+    """Why a reader has no cold figure here: no HTTP path (``http`` says why), or none
+    with one (``http`` is True) because no nginx ran."""
+    return "nginx not available" if http is True else (http or "no HTTP path")
 
 
 def _short(s: str | None) -> str:
