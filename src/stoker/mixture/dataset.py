@@ -508,10 +508,11 @@ class Mixture(PlannedDataset):
         """A batch's samples per source (by index into :attr:`names`), the tokens a row
         holds, and the weights of global step ``step`` (default: the step now running;
         what a loader's per-source figures count; once a batch, so kept cheap)."""
-        src = batch[SOURCE].numpy()
-        n = np.bincount(src, minlength=len(self.names)).tolist()
+        n = [0] * len(self.names)
+        for i in batch[SOURCE].tolist():  # (a few rows: cheaper than a bincount in numpy)
+            n[i] += 1
         tokens = batch.get("tokens")
-        per_row = 0 if tokens is None or not len(src) else math.prod(tokens.shape[1:])
+        per_row = 0 if tokens is None or not any(n) else math.prod(tokens.shape[1:])
         if step is None:
             p = self._progress
             step = (
@@ -526,6 +527,8 @@ class Mixture(PlannedDataset):
         schedule's, or, before the epoch a coordinator-fed restore's new weights begin in,
         the old plan's."""
         s, before = self.schedule, False
+        if self._target_key == (False, -1) and self._before is None and len(s.points) == 1:
+            return self._target  # (constant weights, worked out before: the same every step)
         if self._before is not None and step < self._before[0]:
             s, before = self._before[1], True
         i = s.segment(step)
