@@ -180,3 +180,16 @@ def test_a_records_reader_is_opened_for_each_epoch(tmp_path: Path) -> None:
         ids = [i for b in loader for i in b["sample_id"].tolist()]
         assert_exactly_once(ids, 40)
     assert len(opened.readers) == 2 and opened.open == 0
+
+
+def test_the_kept_reader_is_planned_into_the_next_epoch(written: dict[str, Written]) -> None:
+    """What the next pass gains: its first samples are already in the kept reader's plan
+    (their blocks decoded by its threads while the last pass ended)."""
+    ds = make(written, "spread")
+    loader = stoker.TokenLoader(ds, 0)
+    list(loader)
+    ((planner, reader),) = ds._kept._held.values()
+    nxt = [i for i, _ in fresh(written, "spread", 1)][: 2 * BATCH]  # its first two batches
+    assert reader._seq[reader._pos : reader._pos + len(nxt)].tolist() == nxt
+    assert planner.ids[planner.i : planner.i + len(nxt)].tolist() == nxt
+    loader.close()
