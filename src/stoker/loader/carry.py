@@ -67,15 +67,14 @@ class Kept:
     def __init__(self) -> None:
         self._key: PassKey | None = None
         self._held: dict[int, tuple[Planner, Reader]] = {}
-        self._pid = os.getpid()
         self._lock = threading.Lock()
 
     def put(self, key: PassKey, worker: int, planner: Planner, reader: Reader) -> None:
         _closed_before_forks(self)
         with self._lock:
-            if key != self._key or self._pid != os.getpid():
+            if key != self._key:
                 stale = self._take_all()
-                self._key, self._pid = key, os.getpid()
+                self._key = key
             else:
                 stale = [self._held.pop(worker)] if worker in self._held else []
             self._held[worker] = (planner, reader)
@@ -85,7 +84,7 @@ class Kept:
         """Worker ``worker``'s planner and reader, when they were kept for the pass
         ``key``; otherwise None, and what was kept for another pass is closed."""
         with self._lock:
-            if key == self._key and self._pid == os.getpid():
+            if key == self._key:
                 return self._held.pop(worker, None)
             stale = self._take_all()
         _close(stale)
@@ -98,10 +97,10 @@ class Kept:
         _close(stale)
 
     def _take_all(self) -> list[tuple[Planner, Reader]]:
-        """Everything kept, let go of here (under the lock); in a process forked from
-        the one they were made in, dropped unclosed: their threads are not here."""
+        """Everything kept, let go of here (under the lock). (A forked child finds
+        nothing: what was kept is closed before the fork.)"""
         held, self._held, self._key = list(self._held.values()), {}, None
-        return held if self._pid == os.getpid() else []
+        return held
 
     def __bool__(self) -> bool:
         return bool(self._held)
