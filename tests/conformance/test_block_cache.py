@@ -9,6 +9,7 @@ wrong bytes from any.
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import ClassVar
@@ -183,6 +184,26 @@ class TestDiskCache(BlockCacheTests):
         if not cache.directory.is_dir():
             return 0
         return sum(p.stat().st_size for p in cache.directory.glob("*" + DiskCache.SUFFIX))
+
+    def test_the_directory_stays_under_the_limit_while_a_record_is_written(
+        self, cache: BlockCache, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A put makes room first: at the moment a record is written aside (before its
+        # rename), the directory, that file included, already fits the limit.
+        assert isinstance(cache, DiskCache)
+        seen: list[int] = []
+        rename = os.replace
+
+        def measuring_replace(src: object, dst: object) -> None:
+            seen.append(sum(p.stat().st_size for p in cache.directory.iterdir()))
+            rename(src, dst)  # type: ignore[arg-type]
+
+        monkeypatch.setattr("stoker.cache.disk.os.replace", measuring_replace)
+        for i in range(4 * LIMIT // 300):
+            cache.put(f"ds/{i}", record(i))
+        assert len(seen) == 4 * LIMIT // 300
+        assert max(seen) <= LIMIT, f"{max(seen)} bytes on disk during a write, limit {LIMIT}"
+        assert cache.get(f"ds/{4 * LIMIT // 300 - 1}") == record(4 * LIMIT // 300 - 1)
 
 
 class TestDiskTier(BlockCacheTests):

@@ -6,6 +6,7 @@ import itertools
 import json
 import shutil
 import socket
+import stat
 import subprocess
 from collections import Counter
 from collections.abc import Iterable
@@ -164,8 +165,17 @@ def assert_exactly_once(ids: Iterable[int], num_samples: int) -> None:
 
 
 def dir_bytes(path: Path) -> int:
-    """Bytes of every file under ``path`` (temporary files included)."""
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    """Bytes of every file under ``path`` (temporary files included); a file removed
+    while the tree is walked (another thread may be evicting) counts as gone."""
+    total = 0
+    for p in Path(path).rglob("*"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
 
 
 def closed_by_peer(s: socket.socket, timeout: float = 60.0) -> bool:

@@ -1,11 +1,14 @@
 """A size-bounded disk cache of block records, safe for many processes.
 
 Each record is one file, written aside and renamed into place, so a reader
-never sees half a record. Hits refresh the file's mtime; when the directory
-grows past its limit (counted on disk after every write, since several
-processes share it), the writer removes the least recently used files until
-it is under 90% of the limit. Only files this cache names
-(``*.blk``) are ever removed.
+never sees half a record. Hits refresh the file's mtime. A writer makes room
+before it writes: when what is on disk (counted there, since several
+processes share the directory) plus the new record would pass the limit, it
+removes the least recently used files until the new record fits under 90% of
+the limit. Within a process the writes and the room they make are serialised,
+so the directory never holds more than the limit, even while a record is
+being written; processes sharing a directory may each be writing one record
+past it. Only files this cache names (``*.blk``) are ever removed.
 """
 
 from __future__ import annotations
@@ -64,24 +67,21 @@ class DiskCache:
             return
         path = self._path(key)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        except OSError as exc:  # a full disk degrades to no caching
-            tmp.unlink(missing_ok=True)
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"stoker disk cache {self.directory}: cannot write ({exc}); "
-                    "reading without the cache",
-                    stacklevel=2,
-                )
-            return
         with self._lock:
-            # other processes write here too: count what is on disk, not what we wrote
-            if self._scan_size() > self.limit_bytes:
-                self._evict()
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._make_room(len(data))
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+            except OSError as exc:  # a full disk degrades to no caching
+                tmp.unlink(missing_ok=True)
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(
+                        f"stoker disk cache {self.directory}: cannot write ({exc}); "
+                        "reading without the cache",
+                        stacklevel=2,
+                    )
 
     def discard(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -97,14 +97,14 @@ class DiskCache:
                 out.append((st.st_mtime, st.st_size, Path(entry.path)))
         return out
 
-    def _scan_size(self) -> int:
-        return sum(size for _, size, _ in self._entries())
-
-    def _evict(self) -> None:
-        entries = sorted(self._entries())
+    def _make_room(self, incoming: int) -> None:
+        # other processes write here too: count what is on disk, not what we wrote
+        entries = self._entries()
         total = sum(size for _, size, _ in entries)
-        target = int(self.limit_bytes * 0.9)
-        for _, size, path in entries:
+        if total + incoming <= self.limit_bytes:
+            return
+        target = int(self.limit_bytes * 0.9) - incoming
+        for _, size, path in sorted(entries):
             if total <= target:
                 break
             path.unlink(missing_ok=True)
