@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -250,6 +251,35 @@ def test_a_release_goes_with_the_next_get_or_on_its_own_when_flushed(
     assert client.stats()["pinned_blocks"] == 3
     client.release(ds, [2])
     assert client.stats()["pinned_blocks"] == 0
+    client.close()
+
+
+def test_a_forked_child_closes_its_copy_of_the_connection_and_makes_its_own(
+    serve_dir, dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    _, url = serve_dir(dataset.path)
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    ds = dataset.manifest.dataset_id
+    client.open(url, None, ds)
+    assert client.get(ds, 0).pinned
+    pid = os.fork()
+    if pid == 0:  # the child: its calls go over a connection of its own
+        code = 1
+        try:
+            left: list[object] = []
+            sys.unraisablehook = left.append  # an unclosed socket's warning lands here
+            got = client.get(ds, 1).pinned
+            gc.collect()
+            code = 0 if got and not left else 2 if left else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child left its copy unclosed (2) or failed"
+    # the parent's own connection was not closed by the child
+    assert client.get(ds, 2).pinned
+    assert client.stats()["pinned_blocks"] == 2  # 0 and 2: the child's pin went with it
     client.close()
 
 

@@ -127,6 +127,9 @@ class AgentClient:
         inherited = getattr(self, "_starting", None)
         if inherited is not None:  # forked while starting: the parent's lock is its own
             inherited.close()
+        for conn in (getattr(self, "_sock", None), getattr(self, "_probe", None)):
+            if conn is not None:  # forked: this process's copy of the parent's connection
+                conn.close()  # (closing a copy leaves the parent's connection open)
         self._pid = os.getpid()
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
