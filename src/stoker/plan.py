@@ -333,24 +333,34 @@ class SpreadOrder:
         return out.reshape(k.shape)
 
     def _odd(self, t: np.ndarray, i: np.ndarray) -> np.ndarray:
-        """Samples at indices ``i`` of turns ``t`` with fewer than D units or the short one."""
+        """Samples at indices ``i`` of turns ``t`` with fewer than D units or the short one.
+
+        What depends on the turn alone (what each delay deals to it, its key) or on the
+        unit alone (its key) is worked out once per distinct turn and unit, not per
+        index: a call's indices fall in a few turns (a small epoch's turns are nearly
+        all of this kind)."""
         D, u = self.D, self.u
-        d = np.arange(D, dtype=np.int64)
-        arrived = t[:, None] - d
+        turns, at = np.unique(t, return_inverse=True)
+        arrived = turns[:, None] - np.arange(D, dtype=np.int64)
         valid = (arrived >= 0) & (arrived < self.nu)
         short = arrived == self.q
-        dealt = np.where(valid, np.where(short, self.n_short, self.n), 0)
+        dealt = np.where(valid, np.where(short, self.n_short, self.n), 0)  # (turns, D)
         ends = np.cumsum(dealt, axis=1)
-        r = permute(i, derive_keys(self._turn_key, t), ends[:, -1])
-        g = (r[:, None] >= ends).sum(axis=1)  # the delay group each index falls in
-        rows = np.arange(len(t))
-        within = r - (ends[rows, g] - dealt[rows, g])
+        r = permute(i, derive_keys(self._turn_key, turns), ends[at, -1], at)
+        # the delay group each index falls in: how many of its turn's ends are <= r, by one
+        # search of every turn's ends laid end to end (a turn's row offset past the last's)
+        width = int(ends[:, -1].max()) + 1
+        flat = (ends + np.arange(len(turns), dtype=np.int64)[:, None] * width).ravel()
+        g = np.searchsorted(flat, at * width + r, side="right") - at * D
+        within = r - (ends - dealt)[at, g]
         a = t - g
         is_short = a == self.q
         offset = np.where(is_short, self.cum_short[g], self.cum[g]) + within
-        unit = self.units(a)
+        arrivals, of = np.unique(a, return_inverse=True)
+        units = self.units(arrivals)
         size = np.where(is_short, self.tail, u)
-        return unit * u + permute(offset, derive_keys(self._unit_key, unit), size)
+        keys = derive_keys(self._unit_key, units)
+        return units[of] * u + permute(offset, keys, size, of)
 
 
 class Stream:
