@@ -12,6 +12,9 @@ import numpy as np
 
 _M64 = (1 << 64) - 1
 _ROUNDS = 4
+#: indices left to walk that :func:`permute` finishes in plain ints: a vectorised step
+#: costs tens of numpy calls whatever its size, a scalar one a few microseconds
+_SCALAR_WALK = 8
 
 
 def mix64(x: int) -> int:
@@ -136,9 +139,18 @@ def permute(
 
         y = step(x.astype(np.uint64), slice(None))
         out = np.nonzero(y >= bound)[0]
-        while out.size:
+        while out.size > _SCALAR_WALK:
             y[out] = step(y[out], out)
             out = out[y[out] >= (bound[out] if per else bound)]
+        for j in out.tolist():  # the walk's last few, each a step at a time in plain ints
+            h, m = (int(half[j]), int(mask[j])) if per else (int(half), int(mask))
+            v, b, ks = int(y[j]), int(bound[j] if per else bound), [int(k[j]) for k in rounds]
+            while v >= b:
+                left, right = v >> h, v & m
+                for k in ks:
+                    left, right = right, left ^ (mix64(right ^ k) & m)
+                v = (left << h) | right
+            y[j] = v
     return (
         np.where(size == 1, 0, y.astype(np.int64))
         if per
