@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from stoker.coordinator.client import CoordinatorClient
 from stoker.mixture.stream import decode
 
 from .helpers import Written, reap
+from .test_agent import Agents
 from .test_mixture import BATCH, SEQ_LEN, WEIGHTS, check_tokens, make, written
 from .test_rank0_coordinator import launch, steps
 
@@ -331,3 +333,57 @@ def test_a_restore_names_sources_in_any_order_and_a_refused_one_changes_nothing(
     with pytest.raises(stoker.StateError):
         stoker.TokenLoader(wider, 0, coordinator="rank0").load_state_dict(edited)
     assert (wider.num_samples, wider.steps_per_epoch, wider.stream_identity()) == before
+
+
+@pytest.fixture
+def agents() -> Iterator[Agents]:
+    a = Agents()
+    yield a
+    a.close()
+
+
+def test_through_a_node_agent_a_mixture_reports_the_positions_its_node_holds(
+    written: dict[str, Written], tmp_path: Path, agents: Agents
+) -> None:
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+
+    def dataset(n: str) -> stoker.TokenDataset:
+        seed = list(written).index(n)  # (as test_mixture's sources: the same plan)
+        return stoker.TokenDataset(
+            str(written[n].path), SEQ_LEN, shard_size=5, window_shards=3, seed=seed, agent=client
+        )
+
+    def mixture(weights: dict[str, float]) -> stoker.Mixture:
+        return stoker.Mixture({n: dataset(n) for n in weights}, weights, batch_size=B)
+
+    mix = mixture(WEIGHTS)
+    local = mix.locality()["local"]
+    assert mix.locality()["node"] == client.node
+    assert local(0) == []  # a fresh agent holds nothing
+    # one source read whole through the agent: a mixture mostly of it is local to this
+    # node, one mostly of the others is not
+    assert sum(len(b["sample_id"]) for b in stoker.TokenLoader(dataset("web"), 0)) > 0
+    most = mixture({"web": 0.8, "code": 0.1, "book": 0.1})
+    assert most.locality()["local"](0) == [(0, most.num_samples)]
+    assert mixture({"web": 0.2, "code": 0.4, "book": 0.4}).locality()["local"](0) == []
+    # fed by a coordinator (locality on), the consumers report and the epoch comes once
+    state = tmp_path / "state"
+    loader = stoker.TokenLoader(mix, 2, coordinator="rank0", coordinator_state=str(state))
+    try:
+        got = ids(list(loader))
+    finally:
+        loader.close()
+    assert Counter(got) == static_epoch(written, 1)
+    events = [
+        json.loads(line)
+        for f in sorted(state.rglob("*.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.startswith("{")
+    ]
+    reports = [e["args"]["ranges"] for e in events if e.get("kind") == "local"]
+    assert reports and all(0 <= a < b <= mix.num_samples for r in reports for a, b in r)
+    # every source's blocks read now: every window of the next epoch is local
+    N = mix.num_samples
+    assert local(1) == [(N, 2 * N)]

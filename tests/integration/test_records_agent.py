@@ -187,6 +187,8 @@ def test_the_node_reports_the_windows_it_holds_and_a_coordinator_reads_through_i
     ds = dataset(str(images), agent=client, hold="images", short_side=SHORT)
     local = ds.locality()["local"]
     assert local(0) == []  # a fresh agent holds nothing
+    holds = ds.holds()
+    assert holds is not None and not holds(np.arange(N)).any()
     loader = stoker.TokenLoader(ds, 2, coordinator="rank0")  # leases, locality on
     try:
         got = [i for b in loader for i in b["sample_id"].tolist()]
@@ -196,6 +198,8 @@ def test_the_node_reports_the_windows_it_holds_and_a_coordinator_reads_through_i
     assert client.stats()["images_decoded"] == N
     # every block held: every window of any epoch is local to this node
     assert local(1) == [(N, 2 * N)]
+    holds = ds.holds()  # (what the agent holds now: every row's block)
+    assert holds is not None and holds(np.arange(N)).all()
     blocks = stoker.RecordSource(str(images)).num_blocks
     assert (
         ds.agent is not None

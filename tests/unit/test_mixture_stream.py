@@ -181,3 +181,27 @@ def test_a_new_ranks_plan_starts_from_the_furthest_one_behind_it(monkeypatch) ->
     alone = stream(world, batch, spe)
     want = [alone.rank_ids(7 * spe + k // batch, 1)[k % batch] for k in range(8)]
     assert got.tolist() == want
+
+
+@settings(deadline=None, max_examples=30)
+@given(
+    world=hs.integers(1, 5),
+    batch=hs.integers(1, 6),
+    spe=hs.integers(1, 30),
+    at=hs.integers(0, 80),
+    n=hs.integers(1, 40),
+)
+def test_every_ranks_steps_in_one_walk_map_as_their_positions(
+    world: int, batch: int, spe: int, at: int, n: int
+) -> None:
+    s = stream(world, batch, spe)
+    got = s.step_ids(at, n)
+    assert got.shape == (world, n, batch)
+    per_rank = spe * batch
+    for r in range(world):
+        steps = np.arange(at, at + n)
+        e, m = np.divmod(steps, spe)
+        pos = (e * per_rank * world + r * per_rank + m * batch)[:, None] + np.arange(batch)
+        np.testing.assert_array_equal(
+            got[r], stream(world, batch, spe).samples(pos.ravel()).reshape(n, batch)
+        )

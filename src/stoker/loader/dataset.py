@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -238,6 +239,20 @@ class TokenDataset(PlannedDataset):
             )
 
         return {"node": agent.node, "local": local}
+
+    def holds(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        agent = self.agent
+        if agent is None:
+            return None
+        m = self.source.manifest
+        have = np.unique(np.asarray(agent.holdings(m.dataset_id), dtype=np.int64))
+        L, bt = self.seq_len, m.block_tokens
+
+        def test(ids: np.ndarray) -> np.ndarray:  # sample i is tokens [i L, i L + L]
+            i = np.asarray(ids, dtype=np.int64)
+            return np.isin(i * L // bt, have) & np.isin((i * L + L) // bt, have)
+
+        return test
 
     def _arena_slots(self) -> int:
         if self.arena_blocks is not None:

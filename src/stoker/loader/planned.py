@@ -167,6 +167,12 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         (``node`` and ``local(epoch)``; see :class:`~stoker.coordinator.consumer.LeaseStream`)."""
         return {}
 
+    def holds(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """With a node agent: a test of this dataset's sample ids, whether the node's
+        cache holds every block each is read from (what the agent holds when this is
+        called); None without one. A mixture's locality asks its sources."""
+        return None
+
     def transfer_dtypes(self) -> dict[str, torch.dtype]:
         """The dtypes a device tier should copy fields in (narrower than the layout's)."""
         return {}

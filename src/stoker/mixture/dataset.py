@@ -207,6 +207,34 @@ class Mixture(PlannedDataset):
         desc = self._description()
         return reindexed(self._described(desc), desc["weights"]["names"], self.names)
 
+    def locality(self) -> dict[str, Any]:
+        """With its sources read through one node agent: that node, and the positions of
+        an epoch whose windows (whole steps of a rank, as long as the mixture's lease)
+        the node holds most of (:mod:`stoker.mixture.locality`); else nothing."""
+        nodes = {self.sources[n].locality().get("node") for n in self.names}
+        if len(nodes) != 1 or None in nodes:
+            return {}
+        from stoker.coordinator.locality import lease_size
+        from stoker.mixture.locality import local_ranges
+
+        def local(epoch: int) -> list[tuple[int, int]]:
+            asked = [self.sources[n].holds() for n in self.names]
+            holds = [h for h in asked if h is not None]
+            if len(holds) < len(asked):
+                return []
+            stream = self.lease_stream()
+            return local_ranges(
+                stream.step_ids,
+                epoch,
+                self.steps_per_epoch,
+                self._world,
+                self.batch_size,
+                holds,
+                window=lease_size(self.stream_identity(), 0),
+            )
+
+        return {"node": nodes.pop(), "local": local}
+
     def stream_identity(self) -> str:
         """How positions map to samples, which a coordinator's consumers must agree on: the
         sources, and the plan's weights and world too (a coordinator hands out positions

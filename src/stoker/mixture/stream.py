@@ -201,6 +201,16 @@ class MixStream:
         self._trim()  # (after the gather: one call may need more than is kept)
         return self._ids(items)
 
+    def step_ids(self, step: int, steps: int) -> np.ndarray:
+        """Every rank's mixture sample ids of global steps ``[step, step + steps)``, shape
+        ``(world, steps, batch_size)``, from one walk of the plan (what a plan step costs
+        is every rank's: one walk a rank would cost ``world`` times as much)."""
+        plan = self._walk(-1, step)  # (a walk of its own: no rank's)
+        self._plans.pop(-1, None)
+        got = plan.take(steps, range(self.world))
+        items = np.stack([got[r] for r in range(self.world)]).reshape(-1, 4)
+        return self._ids(items).reshape(self.world, steps, self.B)
+
     def rank_ids(self, step: int, rank: int) -> np.ndarray:
         """Rank ``rank``'s mixture sample ids of global step ``step``, in batch order."""
         return self._ids(self.rank_items(step, rank))
@@ -305,6 +315,12 @@ class JoinedStream:
             return dict(self.before.state_at(step))
         return self.after.state_at(step)
 
+    def step_ids(self, step: int, steps: int) -> np.ndarray:
+        """:meth:`MixStream.step_ids` of the plan those steps are in."""
+        if step < self.after.first_step:
+            return np.asarray(self.before.step_ids(step, steps))
+        return self.after.step_ids(step, steps)
+
 
 def from_description(
     desc: Mapping[str, Any],
@@ -357,6 +373,11 @@ class _Reindexed:
 
     def state_at(self, step: int) -> dict[str, Any]:
         return dict(self.inner.state_at(step))
+
+    def step_ids(self, step: int, steps: int) -> np.ndarray:
+        got = self.inner.step_ids(step, steps)
+        src, ids = decode(got)
+        return encode(self.perm[src], ids, source_epochs(got))
 
 
 def reindexed(stream: Any, names: Sequence[str], to: Sequence[str]) -> Any:

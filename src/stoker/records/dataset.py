@@ -376,6 +376,19 @@ class RecordDataset(PlannedDataset):
 
         return {"node": agent.node, "local": local}
 
+    def holds(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        agent = self.agent
+        if agent is None:
+            return None
+        key = self.view().key(self.source.manifest.dataset_id)
+        have = np.unique(np.asarray(agent.holdings(key), dtype=np.int64))
+        source = self.source
+
+        def test(ids: np.ndarray) -> np.ndarray:  # a row is read from one block
+            return np.isin(source.block_of(np.asarray(ids, dtype=np.int64)), have)
+
+        return test
+
     def view(self) -> View:
         """How the node agent holds this dataset."""
         return View(
