@@ -344,8 +344,9 @@ def section(res: dict[str, Any]) -> str:
         "the target: within 200 ms).",
         "",
         "Where the time goes. The costs are per batch and per pass, not per token: one "
-        "source reads this corpus (in the page cache) at 200-300M tokens/s, a batch of "
-        "8 x 2049 tokens every 55-80 us. Inside a pass each source's samples are read up "
+        "source reads this corpus (in the page cache) at 120-300M tokens/s on the 2-core "
+        "machines it ran on, a batch of 8 x 2049 tokens every 55-140 us, and the run to "
+        "run spread on a shared machine is 10-20%: read the per-round ratios. Inside a pass each source's samples are read up "
         "to 64 at a time into a buffer of its rows (`stoker/mixture/reader.py`), so its "
         "reader's fixed cost (a lock, a check of the plan, bookkeeping: about 6 us) is "
         "paid once a chunk, not once per source per batch, and a batch copies its runs "
