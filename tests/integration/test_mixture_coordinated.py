@@ -387,3 +387,33 @@ def test_through_a_node_agent_a_mixture_reports_the_positions_its_node_holds(
     # every source's blocks read now: every window of the next epoch is local
     N = mix.num_samples
     assert local(1) == [(N, 2 * N)]
+
+
+def test_a_state_taken_before_any_batch_restores_as_a_fresh_start_on_another_plan(
+    written: dict[str, Written], tmp_path: Path
+) -> None:
+    # the coordinator's snapshot then holds no stream and an epoch set sized for its own
+    # plan; nothing was handed out, so it restores anywhere as a fresh start
+    first = stoker.TokenLoader(
+        make(written), 0, coordinator="rank0", coordinator_state=str(tmp_path / "a")
+    )
+    state = first.state_at(0, 0)
+    first.close()
+    assert state["snapshot"]["stream"] == "" and state["snapshot"]["consumed"] == []
+    spe = make(written).steps_per_epoch // 2  # half the positions an epoch
+    other = make(written, steps_per_epoch=spe)
+    loader = stoker.TokenLoader(
+        other, 0, coordinator="rank0", coordinator_state=str(tmp_path / "b")
+    )
+    loader.load_state_dict(state)
+    try:
+        got = ids(list(loader))
+    finally:
+        loader.close()
+    fresh = stoker.TokenLoader(make(written, steps_per_epoch=spe), 0)
+    assert Counter(got) == Counter(ids(list(fresh)))
+    # a state whose snapshot was changed is still refused
+    bad = json.loads(json.dumps(state))
+    bad["snapshot"]["consumed"] = [[0, 1]]
+    with pytest.raises(stoker.StateError, match="changed"):
+        stoker.TokenLoader(make(written), 0, coordinator="rank0").load_state_dict(bad)

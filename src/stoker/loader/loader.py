@@ -254,8 +254,8 @@ class TokenLoader:
             taking.append(got[1])
             return theirs, got[0]
 
-        st.check_dynamic(state, ds.stream_identity(), ds.num_samples, adopt=adopt,
-                         explain=ds.stream_change)  # fmt: skip
+        state = st.check_dynamic(state, ds.stream_identity(), ds.num_samples, adopt=adopt,
+                                 explain=ds.stream_change)  # fmt: skip
         if self._client is not None:
             raise StateError("load_state_dict() must come before the first iteration")
         for take in taking:

@@ -249,7 +249,9 @@ def check_dynamic(
     Once the snapshot is known to be the coordinator's, ``adopt(its stream, epoch)`` gives
     the ``(stream, num_samples)`` to check the rest against (the snapshot's own stream
     where the dataset can continue it: :meth:`~stoker.loader.planned.PlannedDataset.adoption`);
-    ``explain(its stream)`` is the message when the streams still differ."""
+    ``explain(its stream)`` is the message when the streams still differ. Returns the
+    state to go on from: a snapshot taken before any consumer registered, with nothing
+    consumed, is a fresh start (``epoch`` None), on any world."""
     check_version(state, "coordinator")
     if state.get("epoch") is None:
         return state  # nothing handed out yet: a fresh start
@@ -271,6 +273,10 @@ def check_dynamic(
     theirs = snapshot.get("stream", "")
     if not isinstance(theirs, str):
         raise StateError(f"state snapshot field 'stream' must be a string, got {theirs!r}")
+    if not theirs and epoch == 0 and batches == 0 and snapshot.get("consumed") == []:
+        # taken before any consumer registered its stream, nothing handed out: a fresh
+        # start (its epoch set was sized for the world it was taken on, which may differ)
+        return {**state, "epoch": None}
     if theirs and adopt is not None:
         stream, num_samples = adopt(theirs, epoch)
     if epoch > MAX_POSITION // max(num_samples, 1) - 2:
