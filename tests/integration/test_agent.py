@@ -283,6 +283,29 @@ def test_a_forked_child_closes_its_copy_of_the_connection_and_makes_its_own(
     client.close()
 
 
+def test_a_sample_is_held_when_every_block_it_spans_is(
+    serve_dir, dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    # seq_len 1100 over blocks of 512 tokens: sample 0 (tokens 0-1100) spans blocks 0-2
+    _, url = serve_dir(dataset.path)
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    client = agents.client(cache)
+    ds = stoker.TokenDataset(url, 1100, agent=client)
+    key = ds.manifest.dataset_id
+    client.open(url, None, key)
+    holds = ds.holds()
+    assert holds is not None and not holds(np.array([0, 1])).any()
+    for b in (0, 2):
+        assert client.get(key, b).pinned
+    holds = ds.holds()  # (what the agent holds now)
+    assert holds is not None and holds(np.array([0])).tolist() == [False]  # block 1 missing
+    assert client.get(key, 1).pinned
+    holds = ds.holds()
+    assert holds is not None and holds(np.array([0, 1])).tolist() == [True, False]  # 1: 1100-2200
+    client.close()
+
+
 def test_reader_started_agent_and_warm_restart(
     serve_dir, dataset: Written, tmp_path: Path, agents: Agents
 ) -> None:

@@ -277,6 +277,16 @@ def test_new_weights_at_a_restore_hold_from_the_next_epoch(
         make(written, new), 0, coordinator="rank0", coordinator_state=str(tmp_path / "b")
     )
     again.load_state_dict(state)
+    # every rank's steps in one walk map as the positions do, on both sides of the change
+    # (what a node's locality report maps through)
+    joined, spe = again.dataset.lease_stream(), again.dataset.steps_per_epoch
+    for e in (0, 1):
+        pos = e * spe * B + np.arange(spe * B)
+        np.testing.assert_array_equal(
+            joined.step_ids(e * spe, spe).reshape(-1), joined.samples(pos)
+        )
+    with pytest.raises(IndexError, match="cross"):
+        joined.step_ids(spe - 1, 2)
     rest = list(again)
     # the figures' targets follow the plan: the old weights to the epoch's end, then the new
     assert again.stats()["sources"]["book"]["target"] == pytest.approx(0.2)

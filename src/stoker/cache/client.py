@@ -474,7 +474,9 @@ class AgentClient:
 
     def close(self) -> None:
         """Close this process's connection (the agent releases its pins)."""
-        if self._pid == os.getpid():
+        if self._pid != os.getpid():
+            self._reset()  # (a forked child's copy of its parent's connection)
+        else:
             self._drop()
             if self._probe is not None:
                 self._probe.close()

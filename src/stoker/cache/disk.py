@@ -5,10 +5,10 @@ never sees half a record. Hits refresh the file's mtime. A writer makes room
 before it writes: when what is on disk (counted there, since several
 processes share the directory) plus the new record would pass the limit, it
 removes the least recently used files until the new record fits under 90% of
-the limit. Within a process the writes and the room they make are serialised,
-so the directory never holds more than the limit, even while a record is
-being written; processes sharing a directory may each be writing one record
-past it. Only files this cache names (``*.blk``) are ever removed.
+the limit. One cache's writes and the room they make are serialised, so with
+one writer the directory never holds more than the limit, even while a record
+is being written; caches sharing a directory (other processes, or other
+datasets of one process) may each be writing one record past it. Only files this cache names (``*.blk``) are ever removed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class DiskCache:
         self.directory = Path(directory)
         self.limit_bytes = limit_bytes
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self.hits = self.misses = self.evictions = 0
         self._warned = False
 
@@ -44,6 +45,7 @@ class DiskCache:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def _path(self, key: str) -> Path:
         return self.directory / (key.replace("/", "__") + self.SUFFIX)
@@ -67,6 +69,8 @@ class DiskCache:
             return
         path = self._path(key)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        if self._pid != os.getpid():  # forked: perhaps while another thread held the lock
+            self._lock, self._pid = threading.Lock(), os.getpid()
         with self._lock:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)

@@ -245,12 +245,19 @@ class TokenDataset(PlannedDataset):
         if agent is None:
             return None
         m = self.source.manifest
-        have = np.unique(np.asarray(agent.holdings(m.dataset_id), dtype=np.int64))
+        held = np.zeros(m.num_blocks, dtype=bool)
+        got = np.asarray(agent.holdings(m.dataset_id), dtype=np.int64)
+        held[got[(got >= 0) & (got < m.num_blocks)]] = True
+        # held blocks before each block: a run of blocks is held whole when the count
+        # over it is its length (a sample spans more than two when seq_len > block_tokens)
+        before = np.concatenate([[0], np.cumsum(held)])
         L, bt = self.seq_len, m.block_tokens
 
         def test(ids: np.ndarray) -> np.ndarray:  # sample i is tokens [i L, i L + L]
             i = np.asarray(ids, dtype=np.int64)
-            return np.isin(i * L // bt, have) & np.isin((i * L + L) // bt, have)
+            first, last = i * L // bt, np.minimum((i * L + L) // bt, m.num_blocks - 1)
+            whole: np.ndarray = before[last + 1] - before[first] == last - first + 1
+            return whole
 
         return test
 

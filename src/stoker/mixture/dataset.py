@@ -209,8 +209,8 @@ class Mixture(PlannedDataset):
 
     def locality(self) -> dict[str, Any]:
         """With its sources read through one node agent: that node, and the positions of
-        an epoch whose windows (whole steps of a rank, as long as the mixture's lease)
-        the node holds most of (:mod:`stoker.mixture.locality`); else nothing."""
+        an epoch whose windows (whole steps of a rank, as long as the least lease a
+        mixture takes: :func:`~stoker.coordinator.locality.lease_size`) the node holds most of (:mod:`stoker.mixture.locality`); else nothing."""
         nodes = {self.sources[n].locality().get("node") for n in self.names}
         if len(nodes) != 1 or None in nodes:
             return {}

@@ -205,6 +205,8 @@ class MixStream:
         """Every rank's mixture sample ids of global steps ``[step, step + steps)``, shape
         ``(world, steps, batch_size)``, from one walk of the plan (what a plan step costs
         is every rank's: one walk a rank would cost ``world`` times as much)."""
+        if step < self.first_step:
+            raise IndexError(f"step {step} is before this stream's first step {self.first_step}")
         plan = self._walk(-1, step)  # (a walk of its own: no rank's)
         self._plans.pop(-1, None)
         got = plan.take(steps, range(self.world))
@@ -316,8 +318,12 @@ class JoinedStream:
         return self.after.state_at(step)
 
     def step_ids(self, step: int, steps: int) -> np.ndarray:
-        """:meth:`MixStream.step_ids` of the plan those steps are in."""
-        if step < self.after.first_step:
+        """:meth:`MixStream.step_ids` of the plan each step is in (the two plans' worlds
+        may differ: a range across their boundary is refused)."""
+        cut = self.after.first_step
+        if step < cut < step + steps:
+            raise IndexError(f"steps {step}..{step + steps - 1} cross the new weights' step {cut}")
+        if step < cut:
             return np.asarray(self.before.step_ids(step, steps))
         return self.after.step_ids(step, steps)
 
