@@ -18,6 +18,7 @@ from stoker.mixture.stream import (
     share_positions,
     share_start,
     source_epochs,
+    source_positions,
 )
 
 SCHEDULE = WeightSchedule.constant({"a": 5, "b": 3, "c": 2})
@@ -205,3 +206,31 @@ def test_every_ranks_steps_in_one_walk_map_as_their_positions(
         np.testing.assert_array_equal(
             got[r], stream(world, batch, spe).samples(pos.ravel()).reshape(n, batch)
         )
+
+
+@given(
+    size=hs.integers(1, 60),
+    world=hs.integers(1, 5),
+    epochs=hs.lists(hs.integers(0, 4), min_size=1, max_size=30),
+    cut=hs.integers(0, 59),
+    data=hs.data(),
+)
+def test_source_positions_of_many_epochs_at_once_are_each_epochs_own(
+    size: int, world: int, epochs: list[int], cut: int, data: hs.DataObject
+) -> None:
+    # source 0's epoch 2 is not whole (a restore on another world left part of it)
+    part = intervals.make([(2 * size + min(cut, size - 1), 3 * size)])
+    sets = {0: (2, part)}
+    n = len(epochs)
+    drawn = data.draw(hs.lists(hs.integers(0, world - 1), min_size=n, max_size=n))
+    # an owner with a share in its epoch: a rank below the epoch's samples
+    left = intervals.size(part)
+    owner = np.array([r % min(world, left if e == 2 else size) for r, e in zip(drawn, epochs)])
+    local = np.zeros(n, dtype=np.int64)  # each owner's first sample of its share
+    got = source_positions(size, np.array(epochs), sets, 0, world, owner, local)
+    for j, e in enumerate(epochs):
+        if e == 2:
+            want = share_positions(part, world, owner[j : j + 1], local[j : j + 1])[0]
+        else:
+            want = e * size + share_start(size, world, owner[j]) + local[j]
+        assert got[j] == want

@@ -100,15 +100,21 @@ def share_positions(iv: np.ndarray, world: int, owner: np.ndarray, local: np.nda
 
 
 def source_positions(
-    size: int, epoch: int, sets: EpochSets, source: int, world: int, owner: Any, local: Any
+    size: int, epoch: Any, sets: EpochSets, source: int, world: int, owner: Any, local: Any
 ) -> np.ndarray:
     """Stream positions of ``local`` samples of ``owner`` ranks' shares of source
-    ``source``'s epoch ``epoch`` (a whole one, ``[epoch size, (epoch + 1) size)``, by
-    arithmetic; else its set in ``sets``)."""
+    ``source``'s epochs ``epoch`` (an int or one a sample: a whole epoch, ``[epoch size,
+    (epoch + 1) size)``, by arithmetic, all at once; the one in ``sets``, by its set)."""
+    e = np.asarray(epoch, dtype=np.int64)
+    pos = np.asarray(e * size + share_start(size, world, owner) + local, dtype=np.int64)
     got = sets.get(source)
-    if got is not None and got[0] == epoch:
-        return share_positions(got[1], world, owner, local)
-    return np.asarray(epoch * size + share_start(size, world, owner) + local, dtype=np.int64)
+    if got is not None:
+        there = np.broadcast_to(e == got[0], pos.shape)
+        if there.any():
+            o, k = (np.broadcast_to(np.asarray(x), pos.shape) for x in (owner, local))
+            pos = pos.copy()
+            pos[there] = share_positions(got[1], world, o[there], k[there])
+    return pos
 
 
 def share_start(size: int, world: int, rank: Any) -> Any:
@@ -281,12 +287,12 @@ class MixStream:
         src, epoch, owner, local = items.T
         out = np.empty(len(items), dtype=np.int64)
         for i in np.unique(src).tolist():
-            for e in np.unique(epoch[src == i]).tolist():
-                sel = (src == i) & (epoch == e)
-                pos = source_positions(
-                    self.sizes[i], e, self.sets, i, self.world, owner[sel], local[sel]
-                )
-                out[sel] = encode(i, self.source_samples[i](pos), e)
+            mine = src == i  # (every epoch of the source at once: a small one repeats
+            e = epoch[mine]  # many epochs in one call)
+            pos = source_positions(
+                self.sizes[i], e, self.sets, i, self.world, owner[mine], local[mine]
+            )
+            out[mine] = encode(i, self.source_samples[i](pos), e)
         return out
 
 
