@@ -146,6 +146,22 @@ def test_batches_come_in_their_slots_and_the_slots_go_back_once_dropped(written:
         next(it)
 
 
+def test_with_two_slots_a_worker_lends_every_batch_its_caller_lets_go_of(
+    written: Written,
+) -> None:
+    # one slot being filled, one out with the caller: the loader's own frames must not
+    # hold the batch the caller let go of while it reads the next, or it is copied
+    whole = [{k: v.clone() for k, v in b.items()} for b in stoker.TokenLoader(make(written), 0)]
+    loader = stoker.TokenLoader(make(written), 1, prefetch=2)
+    it = iter(loader)
+    for want in whole:
+        b = next(it)
+        assert all(torch.equal(b[k], want[k]) for k in want)
+        del b  # let go of it before asking for the next
+    lent = loader.last_handout
+    assert lent is not None and lent.lent == len(whole)  # none copied
+
+
 def test_batches_kept_by_the_caller_stay_as_they_were(written: Written) -> None:
     whole = [{k: v.clone() for k, v in b.items()} for b in stoker.TokenLoader(make(written), 0)]
     loader = stoker.TokenLoader(make(written), 2, prefetch=3)

@@ -410,6 +410,7 @@ class TokenLoader:
                     # read, is kept as it is and continued by the next pass
                     keep = self.coordinator is not None and lend is None and not _exiting
                     raise
+                del batch  # (not held while the next one is read: its slot may be lent again)
         finally:
             if keep:
                 self._suspended = batches

@@ -381,3 +381,4 @@ def timed(
                 stats.ready = ready()
         handed = got
         yield batch
+        batch = None  # (not held while the next one is read: its slot may be lent again)
