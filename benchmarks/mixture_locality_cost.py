@@ -56,6 +56,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    import mixture_bench as mb
+
     print(
         "| world | steps an epoch | positions an epoch | report (s, median) | positions reported |"
     )
@@ -63,7 +65,8 @@ def main() -> int:
     for world, spe in CASES:
         runs = [report_seconds(world, spe) for _ in range(args.rounds)]
         secs = statistics.median(r[0] for r in runs)
-        print(f"| {world} | {spe:,} | {world * spe * 8:,} | {secs:.2f} | {runs[0][1]:,} |")
+        n = world * spe * mb.BATCH
+        print(f"| {world} | {spe:,} | {n:,} | {secs:.2f} | {runs[0][1]:,} |")
     return 0
 
 

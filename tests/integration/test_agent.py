@@ -226,15 +226,24 @@ def test_tokens_through_the_agent_are_exact(
     np.testing.assert_array_equal(starts, np.flatnonzero(dataset.starts[lo:hi]))
 
 
-def test_a_release_goes_with_the_next_get_or_on_its_own_when_flushed(
+def opened(
     serve_dir, dataset: Written, tmp_path: Path, agents: Agents
-) -> None:
+) -> tuple[AgentClient, str, str]:
+    """``dataset`` served, an agent started and a client that opened it on that agent:
+    ``(client, url, dataset id)``."""
     _, url = serve_dir(dataset.path)
     cache = tmp_path / "cache"
     agents.start(cache)
     client = agents.client(cache)
-    ds = dataset.manifest.dataset_id
-    client.open(url, None, ds)
+    key = dataset.manifest.dataset_id
+    client.open(url, None, key)
+    return client, url, key
+
+
+def test_a_release_goes_with_the_next_get_or_on_its_own_when_flushed(
+    serve_dir, dataset: Written, tmp_path: Path, agents: Agents
+) -> None:
+    client, _, ds = opened(serve_dir, dataset, tmp_path, agents)
     assert client.get(ds, 0).pinned and client.get(ds, 1).pinned
     client.release(ds, [0])
     assert client.stats()["pinned_blocks"] == 2  # waits for the next get
@@ -257,12 +266,7 @@ def test_a_release_goes_with_the_next_get_or_on_its_own_when_flushed(
 def test_a_forked_child_closes_its_copy_of_the_connection_and_makes_its_own(
     serve_dir, dataset: Written, tmp_path: Path, agents: Agents
 ) -> None:
-    _, url = serve_dir(dataset.path)
-    cache = tmp_path / "cache"
-    agents.start(cache)
-    client = agents.client(cache)
-    ds = dataset.manifest.dataset_id
-    client.open(url, None, ds)
+    client, _, ds = opened(serve_dir, dataset, tmp_path, agents)
     assert client.get(ds, 0).pinned
     pid = os.fork()
     if pid == 0:  # the child: its calls go over a connection of its own
@@ -287,13 +291,8 @@ def test_a_sample_is_held_when_every_block_it_spans_is(
     serve_dir, dataset: Written, tmp_path: Path, agents: Agents
 ) -> None:
     # seq_len 1100 over blocks of 512 tokens: sample 0 (tokens 0-1100) spans blocks 0-2
-    _, url = serve_dir(dataset.path)
-    cache = tmp_path / "cache"
-    agents.start(cache)
-    client = agents.client(cache)
+    client, url, key = opened(serve_dir, dataset, tmp_path, agents)
     ds = stoker.TokenDataset(url, 1100, agent=client)
-    key = ds.manifest.dataset_id
-    client.open(url, None, key)
     holds = ds.holds()
     assert holds is not None and not holds(np.array([0, 1])).any()
     for b in (0, 2):

@@ -8,7 +8,8 @@ removes the least recently used files until the new record fits under 90% of
 the limit. One cache's writes and the room they make are serialised, so with
 one writer the directory never holds more than the limit, even while a record
 is being written; caches sharing a directory (other processes, or other
-datasets of one process) may each be writing one record past it. Only files this cache names (``*.blk``) are ever removed.
+datasets of one process) may each be writing one record past it. Only files
+this cache names (``*.blk``) are ever removed.
 """
 
 from __future__ import annotations

@@ -329,9 +329,7 @@ class JoinedStream:
         cut = self.after.first_step
         if step < cut < step + steps:
             raise IndexError(f"steps {step}..{step + steps - 1} cross the new weights' step {cut}")
-        if step < cut:
-            return np.asarray(self.before.step_ids(step, steps))
-        return self.after.step_ids(step, steps)
+        return (self.before if step < cut else self.after).step_ids(step, steps)
 
 
 def from_description(
