@@ -3,9 +3,11 @@ uses, against the raw token stream."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -235,6 +237,41 @@ def test_rows_held_stay_near_the_orders_bound(
     bound = sum(d * c for d, c in enumerate(spread_profile(unit, mean))) + unit
     assert held <= bound + 3 * unit  # + ``ahead`` filled early, and samples in two blocks
     assert held < n // 4
+
+
+def test_a_job_of_many_samples_hands_out_its_first_ones_before_the_rest_are_copied(
+    small: SmallDataset,
+) -> None:
+    """A small source's block fills the samples of many epochs in one job: the first
+    samples are read while the job still copies the others (its second piece held
+    here until they were), and every row is the stream's."""
+    source = stoker.TokenSource(small.url)
+    seq_len = 16  # 16 samples a block of 256 tokens
+    ids = np.tile(np.arange(15), 80)  # block 0's samples, 80 times: one job of 1,200
+    reader = SampleReader(source, seq_len, True, 4096)
+    first_read = threading.Event()
+    seen: list[bool] = []
+    calls: list[int] = []
+    copy = reader._copy_rows
+
+    def held(*args: Any) -> None:
+        calls.append(len(args[0]))
+        if len(calls) == 2:  # the job's second piece
+            seen.append(first_read.wait(30))
+        copy(*args)
+
+    reader._copy_rows = held  # type: ignore[method-assign]
+    try:
+        reader.plan(ids)
+        head = reader.read(ids[:8])
+        first_read.set()
+        rest = reader.read(ids[8:])
+    finally:
+        reader.close()
+    assert calls[:2] == [128, 256]  # pieces of the one job
+    assert seen == [True]  # the first read returned while the job was held
+    toks = np.concatenate([head[0], rest[0]])
+    np.testing.assert_array_equal(toks, expected(small, ids, seq_len)[0])
 
 
 def test_a_corrupt_block_raises_its_checksum_error(
