@@ -24,6 +24,7 @@ VARIABLES: Mapping[str, str] = {
     "STOKER_COORDINATOR_BIND": "host:port rank 0's coordinator binds",
     "STOKER_COORDINATOR_TOKEN": "the coordinator's shared token (clients and `stoker coordinator`)",
     "STOKER_COORDINATOR_TOKEN_FILE": "a file holding the coordinator's token (clients)",
+    "STOKER_PREPROCESS_TOKEN": "the preprocessing workers' shared token (trainers and `stoker preprocess-worker`)",
     # where files go
     "STOKER_CACHE_DIR": "the node agent's cache directory when none is given (default ~/.cache/stoker)",
     "XDG_CACHE_HOME": "the base of the default cache directory",

@@ -193,6 +193,11 @@ class WorkerError(StokerError, RuntimeError):
         self.pid = pid
 
 
+class PreprocessError(StokerError, RuntimeError):
+    """A preprocessing worker refused a request or failed to make its rows for a reason
+    other than the rows' own (which come as their own error, naming row and file)."""
+
+
 # -- kinds: errors between processes ---------------------------------------------------
 
 #: Every class of this module by name: the only kinds :func:`decode` makes.

@@ -134,32 +134,33 @@ def endpoints(role: str | None = None) -> list[dict[str, Any]]:
 
 
 # -- coordinator tokens ----------------------------------------------------------------
-def token_path(address: str) -> Path:
-    """The well-known token file of the coordinator at ``address`` (``host:port``)."""
+def token_path(address: str, service: str = "coordinator") -> Path:
+    """The well-known token file of the ``service`` (the coordinator, or a preprocessing
+    worker: ``"preprocess"``) at ``address`` (``host:port``)."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     if host in ("localhost", ""):
         host = "127.0.0.1"
     safe = re.sub(r"[^A-Za-z0-9.]", "_", host)
-    return runtime_dir(create=False) / f"coordinator-{safe}-{port}.token"
+    return runtime_dir(create=False) / f"{service}-{safe}-{port}.token"
 
 
-def write_token(address: str, token: str) -> Path:
+def write_token(address: str, token: str, service: str = "coordinator") -> Path:
     """Store ``token`` as the well-known token of ``address`` (``0600``); returns the file.
-    Token files of loopback coordinators that no longer listen go (:func:`sweep_tokens`)."""
+    Token files of loopback services that no longer listen go (:func:`sweep_tokens`)."""
     runtime_dir()
-    path = token_path(address)
+    path = token_path(address, service)
     sweep_tokens(keep=path)
     _write_private(path, token + "\n")
     return path
 
 
 def sweep_tokens(keep: Path | None = None) -> int:
-    """Remove the token files of loopback coordinators nothing listens for any more (one
+    """Remove the token files of loopback services nothing listens for any more (one
     killed with SIGKILL leaves its file); returns how many went."""
     gone = 0
     try:
-        files = list(runtime_dir(create=False).glob("coordinator-127.0.0.1-*.token"))
+        files = list(runtime_dir(create=False).glob("*-127.0.0.1-*.token"))
     except (OSError, ConfigError):
         return 0
     for f in files:
@@ -184,9 +185,9 @@ def sweep_tokens(keep: Path | None = None) -> int:
     return gone
 
 
-def read_token(address: str) -> str | None:
-    """The well-known token of ``address``, if this user has one."""
+def read_token(address: str, service: str = "coordinator") -> str | None:
+    """The well-known token of the ``service`` at ``address``, if this user has one."""
     try:
-        return token_path(address).read_text().strip() or None
+        return token_path(address, service).read_text().strip() or None
     except (OSError, ConfigError):
         return None

@@ -2,8 +2,8 @@
 
 ``tokens`` (build-tokens, inspect, verify, convert), ``records`` (build-records, and
 inspect of a records dataset), ``agent`` (the node agent), ``coordinator``
-(coordinator, replay), ``observe`` (doctor, top); the demo is :mod:`stoker.demo`.
-Each verb's module is imported when the parser is built, its heavy imports when it runs.
+(coordinator, replay), ``preprocess`` (preprocess-worker), ``observe`` (doctor, top);
+the demo is :mod:`stoker.demo`. Each verb's module is imported when the parser is built, its heavy imports when it runs.
 """
 
 from __future__ import annotations
@@ -231,6 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     coordinator_cli.add_arguments(c)
     c.set_defaults(func=coordinator_cli.run)
+
+    from stoker.cli import preprocess as preprocess_cli
+
+    pw = sub.add_parser(
+        "preprocess-worker",
+        help="run a preprocessing worker: makes a records dataset's rows for trainers",
+        description="Serve a records dataset's rows (read, decoded, augmented) to trainers "
+        "whose dataset names this worker (RecordDataset(..., preprocess='grpc://HOST:PORT')), "
+        "over Arrow Flight.",
+    )
+    preprocess_cli.add_arguments(pw)
+    pw.set_defaults(func=preprocess_cli.run)
 
     doc = sub.add_parser(
         "doctor",

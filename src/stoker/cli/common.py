@@ -69,3 +69,22 @@ def print_skipped(skipped: int, named: list[str], what: str) -> None:
         print(f"  {why}")
     if skipped > len(named):
         print(f"  ... and {skipped - len(named):,} more")
+
+
+def shared_token(token_file: str | None, variable: str) -> str | None:
+    """A service's shared token: ``--token-file``'s (which must hold one), else the
+    environment variable ``variable``'s; None when neither gives one."""
+    from pathlib import Path
+
+    from stoker import env
+    from stoker.errors import ConfigError
+
+    if not token_file:
+        return env.get(variable) or None
+    try:
+        token = Path(token_file).read_text().strip() or None
+    except OSError as exc:
+        raise ConfigError(f"--token-file {token_file}: {exc}") from None
+    if token is None:
+        raise ConfigError(f"--token-file {token_file} is empty")
+    return token

@@ -7,9 +7,9 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 
-from stoker import env, settings
+from stoker import settings
+from stoker.cli.common import shared_token
 from stoker.coordinator.leases import Config
 from stoker.coordinator.limits import HANDSHAKE_TIMEOUT, MAX_CONNECTIONS
 from stoker.errors import ConfigError
@@ -94,14 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from stoker.coordinator.service import Coordinator
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s stoker-coordinator %(message)s")
-    token = env.get("STOKER_COORDINATOR_TOKEN") or None
-    if args.token_file:
-        try:
-            token = Path(args.token_file).read_text().strip() or None
-        except OSError as exc:
-            raise ConfigError(f"--token-file {args.token_file}: {exc}") from None
-        if token is None:
-            raise ConfigError(f"--token-file {args.token_file} is empty")
+    token = shared_token(args.token_file, "STOKER_COORDINATOR_TOKEN")
     manifest_json = index = b""
     dataset_url = ""
     if args.dataset:

@@ -41,6 +41,7 @@ from stoker.storage import RetryPolicy
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
+    from stoker.preprocess.client import RemoteReader
     from stoker.records.dali import DaliDecode
 
 Batch = dict[str, Any]
@@ -122,6 +123,15 @@ class RecordDataset(PlannedDataset):
     encoded bytes (JPEG, PNG, WebP, anything Pillow reads); ``label_column`` (default:
     ``label`` when there is one; ``False``: none) an integer per row.
 
+    ``preprocess="grpc://HOST:PORT[,HOST:PORT...]"``: the rows are made (read, decoded,
+    augmented) by preprocessing workers (``stoker preprocess-worker``) instead of this
+    process, the same rows bit for bit (:mod:`stoker.preprocess`); the plan, leases and
+    confirms stay this process's, so each batch still reaches training exactly once. A
+    worker's token: ``preprocess_token``, else ``$STOKER_PREPROCESS_TOKEN``, else the one a
+    loopback worker of this user keeps in the runtime directory. With no worker
+    answering, the rows are made here, after one warning. The transform must then be
+    importable by name (a module's top-level function): the workers import it.
+
     The plan, the state, the DataLoader protocol, ``stoker.TokenLoader`` and the
     coordinator are a token dataset's (:class:`~stoker.loader.planned.PlannedDataset`):
     ``shard_size`` (default: the rows of a block) consecutive rows are a unit of the
@@ -158,6 +168,8 @@ class RecordDataset(PlannedDataset):
         hold: str = "blocks",
         short_side: int | None = None,
         on_error: str = "raise",
+        preprocess: str | Sequence[str] | None = None,
+        preprocess_token: str | None = None,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -224,6 +236,14 @@ class RecordDataset(PlannedDataset):
         self.drop_remainder = drop_remainder
         self.rank, self.world_size = rank, world_size
         self.name = self.source.url
+        self.preprocess: list[str] | None = None
+        self.preprocess_token = preprocess_token
+        if preprocess:
+            from stoker.preprocess.client import parse_pool
+            from stoker.preprocess.spec import WorkSpec
+
+            self.preprocess = parse_pool(preprocess)
+            self._work = WorkSpec.of(self)  # (checked now: a transform a worker can import)
         self._init_epochs()
 
     def _dali(self, device: str, transform: Transform | None) -> bool | str:
@@ -416,7 +436,25 @@ class RecordDataset(PlannedDataset):
             fields["skipped"] = Field(torch.bool)
         return Layout(fields)
 
-    def open_reader(self, epoch: int = 0, decoding: int | None = None) -> RecordReader:
+    def open_reader(
+        self, epoch: int = 0, decoding: int | None = None
+    ) -> RecordReader | RemoteReader:
+        """The reader of ``epoch``'s rows: this process's, or the preprocessing pool's
+        (which makes what no worker can with this process's)."""
+        if self.preprocess is None:
+            return self._open_local(epoch, decoding)
+        from stoker.preprocess.client import RemoteReader
+
+        return RemoteReader(
+            self._work,
+            epoch,
+            self.preprocess,
+            self.layout,
+            local=lambda: self._open_local(epoch, decoding),
+            token=self.preprocess_token,
+        )
+
+    def _open_local(self, epoch: int, decoding: int | None) -> RecordReader:
         if self.decoder != "pillow":
             _cv2()  # (imported on the consumer's thread, before its decode threads use it)
         columns = [self.image_column] + ([self.label_column] if self.label_column else [])

@@ -1,0 +1,61 @@
+"""`stoker preprocess-worker`: a preprocessing worker (:mod:`stoker.preprocess.worker`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from stoker.cli.common import shared_token
+from stoker.errors import ConfigError
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--bind", default="127.0.0.1:0", help="HOST:PORT (default: loopback, any port)")
+    ap.add_argument(
+        "--token-file",
+        help="file holding the shared token (else $STOKER_PREPROCESS_TOKEN); required off "
+        "loopback. On loopback without one, a token is drawn and kept in the runtime "
+        "directory, where this user's trainers find it",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        help="read the datasets through this machine's node agent on DIR (default: no agent, "
+        "each block read from storage)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from stoker import runtime
+    from stoker.extras import require
+
+    require("pyarrow", "records", "stoker preprocess-worker")
+    from stoker.preprocess.worker import PreprocessWorker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s stoker-preprocess %(message)s")
+    token = shared_token(args.token_file, "STOKER_PREPROCESS_TOKEN")
+    local = {"cache_dir": args.cache_dir} if args.cache_dir else {"agent": False}
+    worker = PreprocessWorker(args.bind, token, local)
+    token_file = None
+    if worker.generated:
+        try:
+            token_file = runtime.write_token(worker.address, worker.token, "preprocess")
+        except (OSError, ConfigError) as exc:
+            worker.shutdown()
+            raise ConfigError(
+                f"cannot write the worker's token ({exc}); give one with --token-file or "
+                "STOKER_PREPROCESS_TOKEN"
+            ) from None
+        print(f"stoker preprocess-worker: token in {token_file} (readable by this user only)")
+    print(f"stoker preprocess-worker: serving {worker.address}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    worker.shutdown()
+    if token_file is not None:
+        token_file.unlink(missing_ok=True)
+    return 0

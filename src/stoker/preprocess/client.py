@@ -1,0 +1,294 @@
+"""The trainer's side of the preprocessing pool: a reader whose rows preprocessing
+workers make.
+
+:class:`RemoteReader` is a reader like any other (planned ahead, filled in plan order),
+so the loader's pass, its leases and its confirms are the same whoever makes the rows:
+a batch reaches training exactly once because the trainer confirms it, not because a
+worker did its part. The plan is cut into chunks, each asked of the worker with the
+fewest chunks in flight (a slow worker answers later, so it is asked less: the pool is
+pulled, not pushed), as many ahead as ``inflight`` a worker. A worker that cannot be
+reached is left alone for a while and its chunk asked of another; with none left the
+rows are made here, by the dataset's own reader, with one warning. A worker that made
+the rows and found them bad (a broken image) says why, and that error is raised here
+as its own kind, naming the row and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow.flight as flight
+
+from stoker import env, errors, runtime
+from stoker.errors import ConfigError, PreprocessError
+from stoker.loader.batch import SAMPLE_ID, Layout
+from stoker.loader.consumer import Reader
+from stoker.preprocess.spec import WorkSpec
+from stoker.preprocess.wire import ERROR, Request, from_batch
+
+#: Rows a request asks for.
+CHUNK = 16
+#: Requests in flight to one worker at most.
+INFLIGHT = 2
+#: Seconds a worker that could not be reached is left alone before it is asked again.
+RETRY_SECONDS = 10.0
+#: Seconds a request may take before its worker counts as unreachable.
+TIMEOUT_SECONDS = 120.0
+
+
+def parse_pool(pool: str | Sequence[str]) -> list[str]:
+    """``host:port`` of each worker of ``"grpc://h:p,h:p"`` (or a list of such)."""
+    items = [pool] if isinstance(pool, str) else list(pool)
+    out = []
+    for item in items:
+        for part in str(item).split(","):
+            part = part.strip()
+            if part.startswith("grpc://"):
+                part = part[len("grpc://") :]
+            host, sep, port = part.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"a preprocessing worker is grpc://HOST:PORT, got {item!r}")
+            out.append(part)
+    if not out:
+        raise ConfigError("preprocess names no worker")
+    return out
+
+
+class _Worker:
+    def __init__(self, address: str, token: str | None) -> None:
+        self.address = address
+        self.token = token
+        self.client: flight.FlightClient | None = None
+        self.inflight = 0
+        self.down_until = 0.0
+        self.rows = 0  # rows it made for this reader
+
+
+class RemoteReader:
+    """Rows of ``spec``'s dataset at ``epoch``, made by the workers at ``addresses``;
+    ``local`` opens the dataset's own reader, for the rows no worker can make."""
+
+    def __init__(
+        self,
+        spec: WorkSpec,
+        epoch: int,
+        addresses: Sequence[str],
+        layout: Layout,
+        local: Callable[[], Reader],
+        token: str | None = None,
+        chunk: int | None = None,
+        inflight: int | None = None,
+    ) -> None:
+        self.spec, self.epoch, self.layout = spec, epoch, layout
+        self.chunk = max(1, CHUNK if chunk is None else chunk)
+        self.inflight = max(1, INFLIGHT if inflight is None else inflight)
+        given = token or env.get("STOKER_PREPROCESS_TOKEN") or None
+        self._workers = [
+            _Worker(a, given or runtime.read_token(a, "preprocess")) for a in addresses
+        ]
+        self.horizon = 4 * self.chunk * self.inflight * len(self._workers)
+        self._local_open = local
+        self._local: Reader | None = None
+        self._stream = secrets.token_hex(8)
+        self._lock = threading.Lock()
+        self._turn = 0
+        self._pool = ThreadPoolExecutor(
+            self.inflight * len(self._workers), thread_name_prefix="stoker-preprocess"
+        )
+        self._seq = np.zeros(0, dtype=np.int64)  # the plan
+        self._asked = 0  # of it, asked for up to here
+        self._pos = 0  # of it, filled up to here
+        # chunks asked, in plan order: (first plan index, ids, their rows: arrays, or
+        # None when no worker could make them)
+        self._chunks: deque[tuple[int, np.ndarray, Future[dict[str, np.ndarray] | None]]] = deque()
+        self._warned = False
+        self._closed = False
+
+    # -- the plan -----------------------------------------------------------------------
+    def plan(self, upcoming: np.ndarray) -> None:
+        upcoming = np.asarray(upcoming, dtype=np.int64)
+        done = self._seq[self._pos : self._asked]
+        keep = len(done) if upcoming[: len(done)].tobytes() == done.tobytes() else 0
+        if keep < len(done):
+            self._chunks.clear()  # (asked for another plan: their answers are not used)
+            keep = 0
+        old = self._pos  # (plan index 0 now: the first of the chunks kept may begin before)
+        self._chunks = deque((s - old, ids, f) for s, ids, f in self._chunks)
+        self._seq, self._pos, self._asked = upcoming, 0, keep
+        self._ask()
+
+    def _ask(self) -> None:
+        """Ask for chunks of the plan as far as the workers take requests."""
+        most = self.chunk * self.inflight * len(self._workers)
+        while self._asked < len(self._seq) and self._asked - self._pos < most:
+            s = self._asked
+            ids = self._seq[s : s + self.chunk]
+            ahead = self._seq[s + len(ids) : s + len(ids) + 2 * self.chunk]
+            req = Request(self.spec, self.epoch, ids.tolist(), ahead.tolist(), self._stream)
+            self._chunks.append((s, ids, self._pool.submit(self._call, req)))
+            self._asked = s + len(ids)
+
+    # -- asking a worker ------------------------------------------------------------------
+    def _pick(self) -> _Worker | None:
+        now = time.monotonic()
+        with self._lock:
+            k = len(self._workers)
+            self._turn = (self._turn + 1) % k  # (ties go round: from the next one on)
+            order = [self._workers[(self._turn + i) % k] for i in range(k)]
+            up = [w for w in order if w.down_until <= now]
+            if not up:
+                return None
+            w = min(up, key=lambda w: w.inflight)
+            w.inflight += 1
+            return w
+
+    def _call(self, req: Request) -> dict[str, np.ndarray] | None:
+        """The rows of ``req`` from a worker (another when one cannot be reached), or None
+        when none can."""
+        while not self._closed:
+            w = self._pick()
+            if w is None:
+                return None
+            try:
+                arrays = self._get(w, req)
+            except (flight.FlightUnavailableError, flight.FlightTimedOutError, OSError):
+                with self._lock:
+                    w.down_until = time.monotonic() + RETRY_SECONDS
+                continue
+            finally:
+                with self._lock:
+                    w.inflight -= 1
+            with self._lock:
+                w.rows += len(req.ids)
+            return arrays
+        return None
+
+    def _get(self, w: _Worker, req: Request) -> dict[str, np.ndarray]:
+        if w.client is None:
+            w.client = flight.connect(f"grpc://{w.address}")
+        headers = [] if w.token is None else [(b"authorization", f"Bearer {w.token}".encode())]
+        options = flight.FlightCallOptions(headers=headers, timeout=TIMEOUT_SECONDS)
+        try:
+            table = w.client.do_get(flight.Ticket(req.to_bytes()), options).read_all()
+        except flight.FlightUnauthenticatedError:
+            raise PreprocessError(
+                f"preprocessing worker {w.address} refused this trainer's token (give the "
+                "worker's token: preprocess_token=, or STOKER_PREPROCESS_TOKEN)"
+            ) from None
+        except flight.FlightServerError as exc:
+            raise _their_error(w.address, str(exc)) from None
+        batches = table.to_batches()
+        rows = from_batch(batches[0]) if len(batches) == 1 else {}
+        got = rows.get(SAMPLE_ID)
+        if got is None or got.tolist() != req.ids:
+            raise PreprocessError(
+                f"preprocessing worker {w.address} answered other rows than those asked "
+                f"({table.num_rows} rows for {len(req.ids)})"
+            )
+        return rows
+
+    # -- taking -------------------------------------------------------------------------
+    #: (a mixture's reader would tell each row's epoch: refused below, not ignored)
+    per_row_epochs = True
+
+    def fill(
+        self, ids: np.ndarray, out: dict[str, np.ndarray], epochs: np.ndarray | None = None
+    ) -> None:
+        if self._closed:
+            raise RuntimeError("this RemoteReader is closed")
+        if epochs is not None:
+            raise ConfigError(
+                "a records dataset fed by a preprocessing pool does not mix yet: give the "
+                "mixture's records sources no preprocess"
+            )
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(ids)
+        if self._seq[self._pos : self._pos + n].tobytes() != ids.tobytes():
+            self.plan(ids)  # not what was planned: these, and nothing known after them
+        end = self._pos + n
+        while self._pos < end:
+            if not self._chunks:
+                self._ask()
+            s, chunk_ids, fut = self._chunks[0]
+            rows = fut.result()
+            if rows is None:  # no worker could make them: made here
+                rows = self._make_here(chunk_ids)
+                self._chunks[0] = (s, chunk_ids, _done(rows))
+            a = self._pos - s
+            b = min(len(chunk_ids), end - s)
+            at = self._pos - (end - n)
+            for k, v in out.items():
+                if k != SAMPLE_ID and k in rows:
+                    v[at : at + b - a] = rows[k][a:b]
+            self._pos = s + b
+            if b == len(chunk_ids):
+                self._chunks.popleft()
+        self._ask()
+
+    def _make_here(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        if not self._warned:
+            self._warned = True
+            where = ", ".join(w.address for w in self._workers)
+            warnings.warn(
+                f"no preprocessing worker answers ({where}): this process makes the rows "
+                "itself until one does",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if self._local is None:
+            self._local = self._local_open()
+        rows = self.layout.allocate(len(ids))
+        self._local.fill(ids, rows)
+        return rows
+
+    @property
+    def made_by(self) -> dict[str, int]:
+        """Rows each worker made for this reader, by address."""
+        with self._lock:
+            return {w.address: w.rows for w in self._workers}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for _, _, f in self._chunks:
+            f.cancel()
+        self._chunks.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for w in self._workers:
+            if w.client is not None:
+                w.client.close()
+        if self._local is not None:
+            self._local.close()
+
+
+def _done(rows: dict[str, np.ndarray]) -> Future[dict[str, np.ndarray] | None]:
+    f: Future[dict[str, np.ndarray] | None] = Future()
+    f.set_result(rows)
+    return f
+
+
+def _their_error(address: str, text: str) -> errors.StokerError:
+    """The error a worker sent, as its own kind (a row's bad image: ImageError)."""
+    at = text.find(ERROR)
+    if at >= 0:
+        try:
+            raw: dict[str, Any] = json.JSONDecoder().raw_decode(text[at + len(ERROR) :])[0]
+            got = errors.decode(
+                str(raw["kind"]), str(raw["message"]), f"worker {address}", raw.get("fields")
+            )
+            if got is not None:
+                return got
+            return PreprocessError(f"preprocessing worker {address}: {raw['message']}")
+        except (ValueError, KeyError, TypeError):
+            pass
+    return PreprocessError(f"preprocessing worker {address}: {text}")

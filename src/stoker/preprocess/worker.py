@@ -1,0 +1,150 @@
+"""A preprocessing worker: an Arrow Flight server that makes a records dataset's rows
+(read, decode, augment) for the trainers that ask, and streams them back.
+
+A request (:class:`~stoker.preprocess.wire.Request`, the ticket of a ``do_get``) names
+the dataset by its :class:`~stoker.preprocess.spec.WorkSpec`, the epoch and the sample
+ids; the worker makes them with the dataset's own reader, as the trainer would have,
+and answers one record batch. It keeps a reader for each trainer stream it serves (the
+trainer's plan: its reader reads ahead for the ids to come), the least recently used
+let go past :data:`READERS`. The worker holds no lease and no position: which rows
+reach training, exactly once, is the trainer's to say (it confirms each batch with its
+coordinator, as when it makes the rows itself); a worker that dies loses nothing but
+the rows it was making, which the trainer asks for again elsewhere.
+
+It listens on loopback unless told otherwise; off loopback it needs a shared token,
+and on loopback it draws one, kept in the runtime directory for this user's trainers
+(a local process of another user cannot ask it for anything).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from stoker import errors
+from stoker.errors import ConfigError
+from stoker.loader.batch import SAMPLE_ID
+from stoker.preprocess.wire import ERROR as _ERROR
+from stoker.preprocess.wire import Request, to_batch
+
+log = logging.getLogger("stoker.preprocess")
+
+#: Trainer streams a worker keeps a reader for at most (each holds its blocks ahead).
+READERS = 16
+
+
+class _Auth(flight.ServerMiddlewareFactory):  # type: ignore[misc]
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def start_call(self, info: Any, headers: dict[str, list[str]]) -> None:
+        got = (headers.get("authorization") or [""])[0]
+        if not hmac.compare_digest(got.encode(), self._expected):
+            raise flight.FlightUnauthenticatedError("missing or wrong preprocessing token")
+
+
+class _Stream:
+    """One trainer stream's reader, and the lock its requests take turns on."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.lock = threading.Lock()
+        self.planned: np.ndarray = np.zeros(0, dtype=np.int64)  # ids from the next on
+
+    def make(self, req: Request, layout: Any) -> dict[str, np.ndarray]:
+        ids = np.asarray(req.ids, dtype=np.int64)
+        n = len(ids)
+        with self.lock:
+            try:
+                if self.planned[:n].tobytes() != ids.tobytes():
+                    self.planned = np.concatenate([ids, np.asarray(req.ahead, dtype=np.int64)])
+                    self.reader.plan(self.planned)
+                out = layout.allocate(n)
+                if req.epochs is None:
+                    self.reader.fill(ids, out)
+                else:
+                    self.reader.fill(ids, out, epochs=np.asarray(req.epochs, dtype=np.int64))
+            except BaseException:
+                self.planned = np.zeros(0, dtype=np.int64)  # (planned again by the next)
+                raise
+            self.planned = self.planned[n:]
+            out[SAMPLE_ID][...] = ids  # (the trainer checks the answer is its rows)
+            return out  # type: ignore[no-any-return]
+
+
+class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
+    """The Flight server. ``token`` None: off loopback a :class:`ConfigError`, on loopback
+    one is drawn (:attr:`token`). ``local``: this machine's settings for the datasets it
+    makes (``storage_options``, ``agent``, ``cache_dir``)."""
+
+    def __init__(
+        self,
+        bind: str = "127.0.0.1:0",
+        token: str | None = None,
+        local: dict[str, Any] | None = None,
+    ) -> None:
+        from stoker.coordinator.server import is_loopback
+
+        if not is_loopback(bind) and not token:
+            raise ConfigError(
+                f"the preprocessing worker binds {bind}, which is not loopback: give it a "
+                "shared token (--token-file or STOKER_PREPROCESS_TOKEN)"
+            )
+        self.generated = not token
+        self.token = token or secrets.token_urlsafe(32)
+        host, _, port = bind.rpartition(":")
+        super().__init__(
+            f"grpc://{host or '127.0.0.1'}:{port or 0}",
+            middleware={"auth": _Auth(self.token)},
+        )
+        self.address = f"{host or '127.0.0.1'}:{self.port}"
+        self.local = dict(local or {"agent": False})
+        self._streams: OrderedDict[tuple[str, str, int], _Stream] = OrderedDict()
+        self._datasets: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.rows = 0  # rows made (tests, metrics)
+
+    def _stream(self, req: Request) -> tuple[_Stream, Any]:
+        spec = req.spec.to_json()
+        key = (req.stream, spec, req.epoch)
+        with self._lock:
+            ds = self._datasets.get(spec)
+            if ds is None:
+                ds = self._datasets[spec] = req.spec.dataset(**self.local)
+            got = self._streams.get(key)
+            if got is None:
+                got = self._streams[key] = _Stream(ds.open_reader(req.epoch))
+                while len(self._streams) > READERS:
+                    _, old = self._streams.popitem(last=False)
+                    old.reader.close()
+            self._streams.move_to_end(key)
+            return got, ds
+
+    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.RecordBatchStream:
+        try:
+            req = Request.from_bytes(ticket.ticket)
+            stream, ds = self._stream(req)
+            out = stream.make(req, ds.layout)
+        except Exception as exc:  # the trainer raises it again, as its own kind
+            kind, message, fields = errors.encode(exc)
+            text = json.dumps({"kind": kind, "message": message, "fields": fields})
+            raise flight.FlightServerError(_ERROR + text) from None
+        with self._lock:
+            self.rows += len(req.ids)
+        return flight.RecordBatchStream(pa.Table.from_batches([to_batch(out)]))
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        with self._lock:
+            for s in self._streams.values():
+                s.reader.close()
+            self._streams.clear()

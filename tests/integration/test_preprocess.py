@@ -1,0 +1,224 @@
+"""The preprocessing pool: workers as real processes (``stoker preprocess-worker``) over
+Arrow Flight on loopback, trainers whose records dataset names them. The rows are the
+trainer's own bit for bit, whatever worker makes them; a worker killed with SIGKILL
+mid-epoch loses nothing; with none left the trainer makes them itself, after one
+warning; a bad image is named as it would be here; a worker takes no request without
+its token."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.preprocess import client
+from stoker.preprocess.client import RemoteReader
+from stoker.preprocess.spec import WorkSpec
+from stoker.preprocess.worker import PreprocessWorker
+
+from .helpers import one_rank, photo_jpeg, photo_records, same_batches  # noqa: F401 (one_rank: a fixture)
+
+N, B, SIZE = 96, 8, 32
+TESTS = str(Path(__file__).resolve().parents[1])  # (what a worker imports a transform from)
+
+pytestmark = pytest.mark.usefixtures("one_rank")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return photo_records(tmp_path_factory.mktemp("pool") / "ds", N, 4, (40, 120), (5, 7), 20_000)
+
+
+def dataset(root: Path, **kw: object) -> stoker.RecordDataset:
+    kw.setdefault("batch_size", B)
+    kw.setdefault("image_size", SIZE)
+    return stoker.RecordDataset(str(root), seed=5, **kw)  # type: ignore[arg-type]
+
+
+def seeded_flip(image: object, rng: np.random.Generator) -> np.ndarray:
+    """A user's transform, imported by the workers by name: the top-left SIZE x SIZE
+    window, flipped on a coin of the sample's own generator."""
+    a = np.asarray(image)
+    a = np.pad(a, ((0, max(0, SIZE - a.shape[0])), (0, max(0, SIZE - a.shape[1])), (0, 0)))
+    a = a[:SIZE, :SIZE]
+    return a[:, ::-1] if rng.random() < 0.5 else a
+
+
+@contextmanager
+def workers(n: int, *extra: str) -> Iterator[list[tuple[str, subprocess.Popen[str]]]]:
+    """``n`` worker processes on loopback, each with the address it serves."""
+    env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "stoker", "preprocess-worker", *extra],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(n)
+    ]
+    try:
+        got = []
+        for p in procs:
+            assert p.stdout is not None
+            for line in p.stdout:
+                if "serving" in line:
+                    got.append((line.split("serving ")[1].strip(), p))
+                    break
+            else:
+                raise AssertionError(f"worker {p.pid} ended before serving")
+        yield got
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(30)
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+def pool(addresses: list[str]) -> str:
+    return "grpc://" + ",".join(addresses)
+
+
+def test_workers_make_the_rows_the_trainer_would_bit_for_bit(images: Path) -> None:
+    local = {
+        nw: list(stoker.TokenLoader(dataset(images, transform=seeded_flip), nw)) for nw in (0, 2)
+    }
+    assert same_batches(local[0], local[2])
+    with workers(2) as ws:
+        for nw in (0, 2):
+            ds = dataset(images, transform=seeded_flip, preprocess=pool([a for a, _ in ws]))
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # (no fallback: the workers made them)
+                got = list(stoker.TokenLoader(ds, nw))
+            assert same_batches(got, local[nw])
+            assert sorted(int(i) for b in got for i in b["sample_id"]) == list(range(N))
+
+
+def test_the_plain_recipe_and_an_epoch_after_the_first_match_too(images: Path) -> None:
+    loader = stoker.TokenLoader(dataset(images), 0)
+    local = [list(loader), list(loader)]
+    with workers(1) as ws:
+        remote = stoker.TokenLoader(dataset(images, preprocess=pool([ws[0][0]])), 0)
+        got = [list(remote), list(remote)]
+    assert same_batches(got[0], local[0]) and same_batches(got[1], local[1])
+    assert not same_batches(got[0], got[1])  # (a fresh shuffle and fresh crops)
+
+
+def test_the_rows_are_shared_out_among_the_workers(images: Path) -> None:
+    """Two in-process workers (real Flight servers on loopback, one shared token): both
+    make rows, and together every row once."""
+    a, b = PreprocessWorker(token="shared"), PreprocessWorker(token="shared")
+    try:
+        ds = dataset(images, preprocess=pool([a.address, b.address]), preprocess_token="shared")
+        reader = ds.open_reader(0)
+        assert isinstance(reader, RemoteReader)
+        ids = np.arange(N)
+        reader.plan(ids)
+        out = ds.layout.allocate(N)
+        reader.fill(ids, out)
+        made = reader.made_by
+        reader.close()
+        mine = dataset(images).open_reader(0)
+        want = ds.layout.allocate(N)
+        mine.plan(ids)
+        mine.fill(ids, want)
+        mine.close()
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert np.array_equal(out["image"], want["image"])
+    assert np.array_equal(out["label"], want["label"])
+    assert made[a.address] > 0 and made[b.address] > 0
+    assert made[a.address] + made[b.address] == N == a.rows + b.rows
+
+
+def test_a_worker_killed_mid_epoch_loses_nothing_and_none_left_falls_back(
+    images: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # requests of 4 rows, one a worker in flight: at most 8 rows asked ahead, so most of
+    # the epoch is asked for after each kill
+    monkeypatch.setattr(client, "CHUNK", 4)
+    monkeypatch.setattr(client, "INFLIGHT", 1)
+    local = list(stoker.TokenLoader(dataset(images), 0))
+    with workers(2) as ws:
+        ds = dataset(images, preprocess=pool([a for a, _ in ws]))
+        it = iter(stoker.TokenLoader(ds, 0))
+        got = [next(it) for _ in range(3)]
+        ws[0][1].send_signal(signal.SIGKILL)  # mid-epoch, requests in flight to it
+        ws[0][1].wait(30)
+        got += [next(it) for _ in range(3)]
+        ws[1][1].send_signal(signal.SIGKILL)  # the last one: made here from now on
+        ws[1][1].wait(30)
+        with pytest.warns(RuntimeWarning, match="no preprocessing worker answers") as seen:
+            got += list(it)
+    assert len([w for w in seen if "no preprocessing worker" in str(w.message)]) == 1
+    assert same_batches(got, local)
+
+
+def test_no_worker_at_the_address_falls_back_with_one_warning(images: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    local = list(stoker.TokenLoader(dataset(images), 0))
+    ds = dataset(images, preprocess=f"grpc://127.0.0.1:{port}", preprocess_token="x")
+    with pytest.warns(RuntimeWarning, match="no preprocessing worker answers") as seen:
+        got = list(stoker.TokenLoader(ds, 0))
+    assert len(seen) == 1
+    assert same_batches(got, local)
+
+
+def test_a_bad_image_is_named_by_row_and_file_through_a_worker(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    rows = [{"image": photo_jpeg(rng, 40, 40), "label": 1} for _ in range(30)]
+    rows[17]["image"] = rows[17]["image"][: len(rows[17]["image"]) // 2]  # truncated
+    stoker.write_records(rows, str(tmp_path / "bad"), schema={"image": "binary", "label": "int64"},
+                         block_bytes=5_000)  # fmt: skip
+    src = stoker.RecordSource(str(tmp_path / "bad"))
+    block = int(src.block_of(np.array([17]))[0])
+    with workers(1) as ws:
+        ds = dataset(tmp_path / "bad", preprocess=pool([ws[0][0]]))
+        with pytest.raises(stoker.DatasetError) as info:
+            list(stoker.TokenLoader(ds, 0))
+    text = str(info.value)
+    assert f"row 17 (block {block})" in text
+    assert src.manifest.block_file(block).path in text
+    assert f"worker {ws[0][0]}" in text
+
+
+def test_a_worker_takes_no_request_without_its_token(images: Path) -> None:
+    with pytest.raises(stoker.ConfigError, match="not loopback"):
+        PreprocessWorker("0.0.0.0:0")
+    w = PreprocessWorker(token="the-right-one")
+    try:
+        ds = dataset(images, preprocess=pool([w.address]), preprocess_token="a-wrong-one")
+        with pytest.raises(stoker.StokerError, match="refused this trainer's token"):
+            list(stoker.TokenLoader(ds, 0))
+        assert w.rows == 0
+    finally:
+        w.shutdown()
+
+
+def test_a_transform_a_worker_cannot_import_is_refused_at_the_dataset(images: Path) -> None:
+    with pytest.raises(stoker.ConfigError, match="cannot be imported by a worker"):
+        dataset(
+            images, transform=lambda image, rng: np.asarray(image), preprocess="grpc://127.0.0.1:1"
+        )
+    with pytest.raises(stoker.ConfigError, match="grpc://HOST:PORT"):
+        dataset(images, preprocess="grpc://nowhere")
+    spec = WorkSpec.of(dataset(images, transform=seeded_flip))
+    assert spec.transform == f"{__name__}:seeded_flip"
+    assert WorkSpec.from_json(spec.to_json()) == spec
