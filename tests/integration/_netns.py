@@ -283,3 +283,29 @@ def tc_qdiscs(dev: str, netns: str | None = None) -> list[dict[str, Any]]:
     prefix = ["ip", "netns", "exec", netns] if netns else []
     out = sh(*prefix, "tc", "-s", "-j", "qdisc", "show", "dev", dev).stdout
     return list(json.loads(out)) if out.strip() else []
+
+
+@contextlib.contextmanager
+def topology(roles: Mapping[str, int]) -> Any:
+    """A created :class:`Topology` of ``roles`` for a test, destroyed after it (a problem
+    at teardown fails the test). Skips without root or namespaces, but fails where CI
+    is set and we are root: there they must work."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces (ip netns), veth, a bridge, tc")
+    topo = Topology(roles)
+    unavailable = None
+    try:
+        topo.create()
+    except NetnsUnavailable as exc:
+        unavailable = str(exc)
+    if unavailable is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and we are root, but {unavailable}", pytrace=False)
+        pytest.skip(f"network namespaces unavailable: {unavailable}")
+    try:
+        yield topo
+    finally:
+        problems = topo.destroy()
+    assert not problems, f"netns teardown: {problems}"

@@ -36,7 +36,7 @@ from servers import NginxOrigin
 from stoker.cache.paths import MARKER, AgentPaths
 from stoker.coordinator import replay
 
-from ._netns import NetnsUnavailable, Topology, tc_qdiscs
+from ._netns import Topology, tc_qdiscs, topology
 from .helpers import Written, write_dataset
 
 HERE = Path(__file__).parent
@@ -55,23 +55,8 @@ THROTTLE = ["tbf", "rate", "4mbit", "burst", "32kbit", "latency", "400ms"]
 
 @pytest.fixture
 def net() -> Iterator[Topology]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: network namespaces (ip netns), veth, a bridge, tc")
-    topo = Topology(ROLES)
-    unavailable = None
-    try:
-        topo.create()
-    except NetnsUnavailable as exc:
-        unavailable = str(exc)
-    if unavailable is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and we are root, but {unavailable}", pytrace=False)
-        pytest.skip(f"network namespaces unavailable: {unavailable}")
-    try:
+    with topology(ROLES) as topo:
         yield topo
-    finally:
-        problems = topo.destroy()
-    assert not problems, f"netns teardown: {problems}"
 
 
 @pytest.fixture

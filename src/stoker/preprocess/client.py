@@ -4,9 +4,10 @@ workers make.
 :class:`RemoteReader` is a reader like any other (planned ahead, filled in plan order),
 so the loader's pass, its leases and its confirms are the same whoever makes the rows:
 a batch reaches training exactly once because the trainer confirms it, not because a
-worker did its part. The plan is cut into chunks, each asked of the worker with the
-fewest chunks in flight (a slow worker answers later, so it is asked less: the pool is
-pulled, not pushed), as many ahead as ``inflight`` a worker. A worker that cannot be
+worker did its part. The plan is cut into chunks, each asked of the worker that would
+answer it first at its own pace (the seconds a row took it, times the chunks it has in
+flight, plus one): a slow worker, or one on a slow link, is asked less; as many chunks
+ahead as ``inflight`` a worker. A worker that cannot be
 reached is left alone for a while and its chunk asked of another; with none left the
 rows are made here, by the dataset's own reader, with one warning. A worker that made
 the rows and found them bad (a broken image) says why, and that error is raised here
@@ -71,6 +72,11 @@ class _Worker:
         self.inflight = 0
         self.down_until = 0.0
         self.rows = 0  # rows it made for this reader
+        self.per_row = 0.0  # seconds a row took it, a moving average (0: not asked yet)
+
+    def due(self) -> float:
+        """When a request asked of it now would be answered, in its own pace."""
+        return (self.inflight + 1) * self.per_row
 
 
 class RemoteReader:
@@ -147,7 +153,7 @@ class RemoteReader:
             up = [w for w in order if w.down_until <= now]
             if not up:
                 return None
-            w = min(up, key=lambda w: w.inflight)
+            w = min(up, key=_Worker.due)  # (the first of equals: ties go round)
             w.inflight += 1
             return w
 
@@ -158,6 +164,7 @@ class RemoteReader:
             w = self._pick()
             if w is None:
                 return None
+            start = time.monotonic()
             try:
                 arrays = self._get(w, req)
             except (flight.FlightUnavailableError, flight.FlightTimedOutError, OSError):
@@ -167,8 +174,10 @@ class RemoteReader:
             finally:
                 with self._lock:
                     w.inflight -= 1
+            took = (time.monotonic() - start) / max(1, len(req.ids))
             with self._lock:
                 w.rows += len(req.ids)
+                w.per_row = took if not w.per_row else 0.7 * w.per_row + 0.3 * took
             return arrays
         return None
 
