@@ -222,3 +222,71 @@ def test_a_transform_a_worker_cannot_import_is_refused_at_the_dataset(images: Pa
     spec = WorkSpec.of(dataset(images, transform=seeded_flip))
     assert spec.transform == f"{__name__}:seeded_flip"
     assert WorkSpec.from_json(spec.to_json()) == spec
+
+
+def listed(coordinator: str, address: str) -> None:
+    """Wait until the coordinator lists the worker at ``address`` (it offers itself as it
+    starts serving; bounded: a worker that never shows fails the test)."""
+    import time
+
+    from stoker.coordinator.client import CoordinatorClient
+
+    c = CoordinatorClient(coordinator)
+    try:
+        deadline = time.monotonic() + 60
+        while address not in c.pool(0, 0.0):
+            assert time.monotonic() < deadline, f"{address} never offered itself"
+            time.sleep(0.05)
+    finally:
+        c.close()
+
+
+def test_workers_offered_to_the_coordinator_are_found_even_mid_epoch(
+    images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import urllib.request
+
+    monkeypatch.setattr(client, "OFFER_SECONDS", 0.0)  # (the reader asks at every batch)
+    coordinator = subprocess.Popen(
+        [sys.executable, "-m", "stoker", "coordinator", "--state", str(tmp_path / "state"),
+         "--world", "1", "--num-samples", str(N), "--metrics-port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert coordinator.stdout is not None
+        line = next(x for x in coordinator.stdout if "serving" in x)
+        address = line.split("serving ")[1].split()[0]
+        metrics = line.split("metrics on ")[1].rstrip(")\n")
+        ds = dataset(images, preprocess=f"coordinator://{address}")
+        ids = np.random.default_rng(1).permutation(N)
+        got = ds.layout.allocate(N)
+        with workers(1, "--coordinator", address) as first:
+            listed(address, first[0][0])
+            reader = ds.open_reader(0)
+            assert isinstance(reader, RemoteReader)
+            reader.plan(ids)
+            reader.fill(ids[:32], {k: v[:32] for k, v in got.items()})
+            with workers(1, "--coordinator", address) as second:
+                listed(address, second[0][0])
+                for i in range(32, N, 8):
+                    reader.fill(ids[i : i + 8], {k: v[i : i + 8] for k, v in got.items()})
+                made = reader.made_by
+                with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
+                    text = r.read().decode()
+            reader.close()
+    finally:
+        coordinator.send_signal(signal.SIGTERM)
+        coordinator.wait(30)
+        if coordinator.stdout is not None:
+            coordinator.stdout.close()
+    mine = dataset(images).open_reader(0)
+    want = ds.layout.allocate(N)
+    mine.plan(ids)
+    mine.fill(ids, want)
+    mine.close()
+    assert np.array_equal(got["image"], want["image"])
+    assert made[first[0][0]] > 0 and made[second[0][0]] > 0  # the second from mid-epoch
+    assert sum(made.values()) == N
+    assert "stoker_preprocess_workers 2.0" in text
+    assert "stoker_preprocess_workers_needed" in text

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stoker.errors import ConfigError, ProtocolError
-from stoker.preprocess.client import parse_pool
+from stoker.preprocess.client import Pool, parse_pool
 from stoker.preprocess.spec import WorkSpec, import_transform, transform_path
 from stoker.preprocess.wire import Request, from_batch, to_batch
 
@@ -92,11 +92,12 @@ def test_a_batch_without_its_field_metadata_is_refused() -> None:
         from_batch(pa.RecordBatch.from_pydict({"image": [b"x"]}))
 
 
-def test_a_pool_is_grpc_addresses() -> None:
-    assert parse_pool("grpc://a:1,b:2") == ["a:1", "b:2"]
-    assert parse_pool(["grpc://a:1", "c:3"]) == ["a:1", "c:3"]
-    for bad in ("grpc://nowhere", "a:b", ""):
-        with pytest.raises(ConfigError):
+def test_a_pool_is_grpc_addresses_or_a_coordinator() -> None:
+    assert parse_pool("grpc://a:1,b:2") == Pool(addresses=("a:1", "b:2"))
+    assert parse_pool(["grpc://a:1", "c:3"]) == Pool(addresses=("a:1", "c:3"))
+    assert parse_pool("coordinator://h:7") == Pool(coordinator="h:7")
+    for bad in ("grpc://nowhere", "a:b", "", "coordinator://h"):
+        with pytest.raises(ConfigError, match="grpc://HOST:PORT"):
             parse_pool(bad)
 
 

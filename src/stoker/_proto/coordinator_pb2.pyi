@@ -280,3 +280,31 @@ class BatchReply(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Result]
     def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...
+
+class OfferRequest(_message.Message):
+    __slots__ = ("address", "rows_per_second", "leaving")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    rows_per_second: float
+    leaving: bool
+    def __init__(self, address: _Optional[str] = ..., rows_per_second: _Optional[float] = ..., leaving: _Optional[bool] = ...) -> None: ...
+
+class OfferReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolRequest(_message.Message):
+    __slots__ = ("reader", "rows_per_second")
+    READER_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    reader: int
+    rows_per_second: float
+    def __init__(self, reader: _Optional[int] = ..., rows_per_second: _Optional[float] = ...) -> None: ...
+
+class PoolReply(_message.Message):
+    __slots__ = ("addresses",)
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ...) -> None: ...

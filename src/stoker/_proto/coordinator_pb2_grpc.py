@@ -84,6 +84,16 @@ class CoordinatorStub:
                 request_serializer=stoker_dot___proto_dot_coordinator__pb2.BatchRequest.SerializeToString,
                 response_deserializer=stoker_dot___proto_dot_coordinator__pb2.BatchReply.FromString,
                 _registered_method=True)
+        self.Offer = channel.unary_unary(
+                '/stoker.coordinator.v1.Coordinator/Offer',
+                request_serializer=stoker_dot___proto_dot_coordinator__pb2.OfferRequest.SerializeToString,
+                response_deserializer=stoker_dot___proto_dot_coordinator__pb2.OfferReply.FromString,
+                _registered_method=True)
+        self.Pool = channel.unary_unary(
+                '/stoker.coordinator.v1.Coordinator/Pool',
+                request_serializer=stoker_dot___proto_dot_coordinator__pb2.PoolRequest.SerializeToString,
+                response_deserializer=stoker_dot___proto_dot_coordinator__pb2.PoolReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -163,6 +173,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Offer(self, request, context):
+        """A preprocessing worker is up (every few seconds), or leaving.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pool(self, request, context):
+        """A trainer's reader: the preprocessing workers up; it tells its own consumption.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -215,6 +239,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Batch,
                     request_deserializer=stoker_dot___proto_dot_coordinator__pb2.BatchRequest.FromString,
                     response_serializer=stoker_dot___proto_dot_coordinator__pb2.BatchReply.SerializeToString,
+            ),
+            'Offer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Offer,
+                    request_deserializer=stoker_dot___proto_dot_coordinator__pb2.OfferRequest.FromString,
+                    response_serializer=stoker_dot___proto_dot_coordinator__pb2.OfferReply.SerializeToString,
+            ),
+            'Pool': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pool,
+                    request_deserializer=stoker_dot___proto_dot_coordinator__pb2.PoolRequest.FromString,
+                    response_serializer=stoker_dot___proto_dot_coordinator__pb2.PoolReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -487,6 +521,60 @@ class Coordinator:
             '/stoker.coordinator.v1.Coordinator/Batch',
             stoker_dot___proto_dot_coordinator__pb2.BatchRequest.SerializeToString,
             stoker_dot___proto_dot_coordinator__pb2.BatchReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Offer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoker.coordinator.v1.Coordinator/Offer',
+            stoker_dot___proto_dot_coordinator__pb2.OfferRequest.SerializeToString,
+            stoker_dot___proto_dot_coordinator__pb2.OfferReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stoker.coordinator.v1.Coordinator/Pool',
+            stoker_dot___proto_dot_coordinator__pb2.PoolRequest.SerializeToString,
+            stoker_dot___proto_dot_coordinator__pb2.PoolReply.FromString,
             options,
             channel_credentials,
             insecure,

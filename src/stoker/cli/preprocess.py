@@ -20,6 +20,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "directory, where this user's trainers find it",
     )
     ap.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="offer this worker to the job's coordinator every few seconds: trainers whose "
+        "dataset says preprocess='coordinator://HOST:PORT' find it there (its token: "
+        "$STOKER_COORDINATOR_TOKEN, $STOKER_COORDINATOR_TOKEN_FILE or this user's file)",
+    )
+    ap.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="the address trainers reach this worker at, offered to the coordinator "
+        "(default: the bound one; needed when binding 0.0.0.0)",
+    )
+    ap.add_argument(
         "--cache-dir",
         help="read the datasets through this machine's node agent on DIR (default: no agent, "
         "each block read from storage)",
@@ -48,6 +61,19 @@ def run(args: argparse.Namespace) -> int:
                 "STOKER_PREPROCESS_TOKEN"
             ) from None
         print(f"stoker preprocess-worker: token in {token_file} (readable by this user only)")
+    offers = None
+    if args.coordinator:
+        from stoker.preprocess.worker import Offers
+
+        address = args.advertise or worker.address
+        if address.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::", ""):
+            worker.shutdown()
+            raise ConfigError(
+                f"bound to {worker.address}: say which address trainers reach this worker "
+                "at (--advertise HOST:PORT)"
+            )
+        offers = Offers(worker, args.coordinator, address)
+        offers.start()
     print(f"stoker preprocess-worker: serving {worker.address}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -55,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         done.wait()
     except KeyboardInterrupt:
         pass
+    if offers is not None:
+        offers.stop()
     worker.shutdown()
     if token_file is not None:
         token_file.unlink(missing_ok=True)

@@ -345,6 +345,18 @@ class CoordinatorClient:
         r = self._call("Dataset", pb.DatasetRequest())
         return str(r.url), bytes(r.manifest_json), bytes(r.index)
 
+    def offer(self, address: str, rows_per_second: float, leaving: bool = False) -> None:
+        """A preprocessing worker at ``address`` is up (or leaving)."""
+        self._call(
+            "Offer",
+            pb.OfferRequest(address=address, rows_per_second=rows_per_second, leaving=leaving),
+        )
+
+    def pool(self, reader: int, rows_per_second: float) -> list[str]:
+        """The preprocessing workers up; reader ``reader`` consumes ``rows_per_second``."""
+        r = self._call("Pool", pb.PoolRequest(reader=reader, rows_per_second=rows_per_second))
+        return [str(a) for a in r.addresses]
+
     def close(self) -> None:
         if self._channel is not None and self._pid == os.getpid():
             self._channel.close()

@@ -78,6 +78,24 @@ class CoordinatorCollector:
         yield GaugeMetricFamily(
             "stoker_coordinator_live_consumers", "Consumers that have not expired", value=live
         )
+        with c._pool_lock:
+            now = c._now()
+            needed = c.pool.needed(now)
+            workers = len(c.pool.workers)
+            demand = sum(s.rate for s in c.pool.demand.values())
+        yield GaugeMetricFamily(
+            "stoker_preprocess_workers", "Preprocessing workers offering themselves", value=workers
+        )
+        yield GaugeMetricFamily(
+            "stoker_preprocess_workers_needed",
+            "Preprocessing workers the trainers' demand needs at the workers' mean rate",
+            value=needed,
+        )
+        yield GaugeMetricFamily(
+            "stoker_preprocess_demand_rows_per_second",
+            "Rows a second the trainers reading through the pool consume",
+            value=demand,
+        )
         yield CounterMetricFamily(
             "stoker_coordinator_leases_granted", "Leases granted", value=totals["granted"]
         )

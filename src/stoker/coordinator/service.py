@@ -40,6 +40,7 @@ from stoker.coordinator.commit import GroupCommit
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
 from stoker.coordinator.metrics import CoordinatorMetrics
+from stoker.coordinator.pool import OFFER_SECONDS, PoolTable
 from stoker.errors import ConfigError
 
 log = logging.getLogger("stoker.coordinator")
@@ -96,6 +97,10 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self._taken = 0  # the current table's events handed to the commit
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
         self.metrics = CoordinatorMetrics()
+        # the preprocessing pool's workers and demand (not journaled: told again every few
+        # seconds, so a restarted coordinator has them back at once)
+        self.pool = PoolTable(timeout=max(self.config.timeout, 3 * OFFER_SECONDS))
+        self._pool_lock = threading.Lock()
         self._handlers: dict[str, Any] = {
             "lease": self._lease,
             "heartbeat": self._heartbeat,
@@ -408,6 +413,18 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                 steals=t.steals,
                 requeued=t.requeued,
             )
+
+    def Offer(self, request: pb.OfferRequest, context: grpc.ServicerContext) -> pb.OfferReply:
+        if not request.address:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "an offer names no address")
+        with self._pool_lock:
+            self.pool.offer(request.address, request.rows_per_second, self._now(), request.leaving)
+        return pb.OfferReply()
+
+    def Pool(self, request: pb.PoolRequest, context: grpc.ServicerContext) -> pb.PoolReply:
+        with self._pool_lock:
+            got = self.pool.ask(request.reader, request.rows_per_second, self._now())
+        return pb.PoolReply(addresses=got)
 
     def Dataset(self, request: pb.DatasetRequest, context: grpc.ServicerContext) -> pb.DatasetReply:
         return pb.DatasetReply(

@@ -17,6 +17,7 @@ as its own kind, naming the row and the file.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import threading
 import time
@@ -24,12 +25,15 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow.flight as flight
 
 from stoker import env, errors, runtime
+from stoker.coordinator.client import CoordinatorClient
+from stoker.coordinator.pool import OFFER_SECONDS
 from stoker.errors import ConfigError, PreprocessError
 from stoker.loader.batch import SAMPLE_ID, Layout
 from stoker.loader.consumer import Reader
@@ -44,24 +48,45 @@ INFLIGHT = 2
 RETRY_SECONDS = 10.0
 #: Seconds a request may take before its worker counts as unreachable.
 TIMEOUT_SECONDS = 120.0
+#: Workers a reader's request threads are made for (at most ``INFLIGHT`` each at once).
+MOST_WORKERS = 8
 
 
-def parse_pool(pool: str | Sequence[str]) -> list[str]:
-    """``host:port`` of each worker of ``"grpc://h:p,h:p"`` (or a list of such)."""
+@dataclass(frozen=True)
+class Pool:
+    """Where a trainer finds its preprocessing workers: at fixed ``addresses``, or those a
+    ``coordinator`` lists (the workers offer themselves to it: one added mid-epoch is
+    asked from its first offer on)."""
+
+    addresses: tuple[str, ...] = ()
+    coordinator: str | None = None
+
+
+def parse_pool(pool: str | Sequence[str]) -> Pool:
+    """``"grpc://h:p,h:p"`` (or a list of such): those workers; ``"coordinator://h:p"``:
+    the workers that coordinator lists."""
     items = [pool] if isinstance(pool, str) else list(pool)
+    if len(items) == 1 and str(items[0]).startswith("coordinator://"):
+        where = str(items[0])[len("coordinator://") :]
+        return Pool(coordinator=_address(where, items[0]))
     out = []
     for item in items:
         for part in str(item).split(","):
             part = part.strip()
             if part.startswith("grpc://"):
                 part = part[len("grpc://") :]
-            host, sep, port = part.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ConfigError(f"a preprocessing worker is grpc://HOST:PORT, got {item!r}")
-            out.append(part)
-    if not out:
-        raise ConfigError("preprocess names no worker")
-    return out
+            out.append(_address(part, item))
+    return Pool(addresses=tuple(out))
+
+
+def _address(part: str, item: object) -> str:
+    host, sep, port = part.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(
+            "preprocess is grpc://HOST:PORT[,HOST:PORT...] or coordinator://HOST:PORT, "
+            f"got {item!r}"
+        )
+    return part
 
 
 class _Worker:
@@ -80,14 +105,14 @@ class _Worker:
 
 
 class RemoteReader:
-    """Rows of ``spec``'s dataset at ``epoch``, made by the workers at ``addresses``;
-    ``local`` opens the dataset's own reader, for the rows no worker can make."""
+    """Rows of ``spec``'s dataset at ``epoch``, made by the workers of ``pool``; ``local``
+    opens the dataset's own reader, for the rows no worker can make."""
 
     def __init__(
         self,
         spec: WorkSpec,
         epoch: int,
-        addresses: Sequence[str],
+        pool: Pool,
         layout: Layout,
         local: Callable[[], Reader],
         token: str | None = None,
@@ -97,18 +122,26 @@ class RemoteReader:
         self.spec, self.epoch, self.layout = spec, epoch, layout
         self.chunk = max(1, CHUNK if chunk is None else chunk)
         self.inflight = max(1, INFLIGHT if inflight is None else inflight)
-        given = token or env.get("STOKER_PREPROCESS_TOKEN") or None
-        self._workers = [
-            _Worker(a, given or runtime.read_token(a, "preprocess")) for a in addresses
-        ]
-        self.horizon = 4 * self.chunk * self.inflight * len(self._workers)
+        self._token = token or env.get("STOKER_PREPROCESS_TOKEN") or None
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+        self._join(pool.addresses)
+        self._coordinator = (
+            None
+            if pool.coordinator is None
+            else CoordinatorClient(pool.coordinator, timeout=2.0, retry_for=2.0)
+        )
+        self._asked_at = -math.inf  # when the coordinator was last asked
+        self._filled = 0  # rows filled since then (what this reader consumes)
+        self._reader_id = secrets.randbits(62)
+        self.horizon = 4 * self.chunk * self.inflight * max(1, len(self._workers))
         self._local_open = local
         self._local: Reader | None = None
         self._stream = secrets.token_hex(8)
-        self._lock = threading.Lock()
         self._turn = 0
         self._pool = ThreadPoolExecutor(
-            self.inflight * len(self._workers), thread_name_prefix="stoker-preprocess"
+            self.inflight * max(len(self._workers), MOST_WORKERS),
+            thread_name_prefix="stoker-preprocess",
         )
         self._seq = np.zeros(0, dtype=np.int64)  # the plan
         self._asked = 0  # of it, asked for up to here
@@ -132,9 +165,34 @@ class RemoteReader:
         self._seq, self._pos, self._asked = upcoming, 0, keep
         self._ask()
 
+    def _join(self, addresses: Sequence[str]) -> None:
+        """Workers not known yet join (those known keep their pace and counts)."""
+        known = {w.address for w in self._workers}
+        with self._lock:
+            for a in addresses:
+                if a not in known:
+                    token = self._token or runtime.read_token(a, "preprocess")
+                    self._workers.append(_Worker(a, token))
+                    known.add(a)
+
+    def _refresh(self) -> None:
+        """Ask the coordinator for the workers up, every few seconds, saying what this
+        reader consumed; a coordinator that does not answer changes nothing."""
+        now = time.monotonic()
+        if self._coordinator is None or now - self._asked_at < OFFER_SECONDS:
+            return
+        rate = self._filled / (now - self._asked_at) if self._asked_at > -math.inf else 0.0
+        try:
+            got = self._coordinator.pool(self._reader_id, rate)
+        except errors.StokerError:
+            got = []
+        self._asked_at, self._filled = now, 0
+        self._join(got)
+
     def _ask(self) -> None:
         """Ask for chunks of the plan as far as the workers take requests."""
-        most = self.chunk * self.inflight * len(self._workers)
+        self._refresh()
+        most = self.chunk * self.inflight * max(1, len(self._workers))
         while self._asked < len(self._seq) and self._asked - self._pos < most:
             s = self._asked
             ids = self._seq[s : s + self.chunk]
@@ -148,6 +206,8 @@ class RemoteReader:
         now = time.monotonic()
         with self._lock:
             k = len(self._workers)
+            if not k:
+                return None
             self._turn = (self._turn + 1) % k  # (ties go round: from the next one on)
             order = [self._workers[(self._turn + i) % k] for i in range(k)]
             up = [w for w in order if w.down_until <= now]
@@ -241,12 +301,15 @@ class RemoteReader:
             self._pos = s + b
             if b == len(chunk_ids):
                 self._chunks.popleft()
+        self._filled += n
         self._ask()
 
     def _make_here(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         if not self._warned:
             self._warned = True
-            where = ", ".join(w.address for w in self._workers)
+            where = ", ".join(w.address for w in self._workers) or "none listed"
+            if self._coordinator is not None:
+                where = f"coordinator {self._coordinator.address}: {where}"
             warnings.warn(
                 f"no preprocessing worker answers ({where}): this process makes the rows "
                 "itself until one does",
@@ -276,6 +339,8 @@ class RemoteReader:
         for w in self._workers:
             if w.client is not None:
                 w.client.close()
+        if self._coordinator is not None:
+            self._coordinator.close()
         if self._local is not None:
             self._local.close()
 

@@ -148,3 +148,45 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
             for s in self._streams.values():
                 s.reader.close()
             self._streams.clear()
+
+
+class Offers(threading.Thread):
+    """Offers ``worker`` to the coordinator at ``coordinator`` as ``address`` every
+    :data:`~stoker.coordinator.pool.OFFER_SECONDS`, with the rows a second it made since
+    the last offer; :meth:`stop` says it is leaving. A coordinator that does not answer
+    is offered to again at the next turn (a restarted one has the pool back then)."""
+
+    def __init__(self, worker: PreprocessWorker, coordinator: str, address: str) -> None:
+        super().__init__(daemon=True, name="stoker-offers")
+        from stoker.coordinator.client import CoordinatorClient
+        from stoker.coordinator.pool import OFFER_SECONDS
+
+        self.worker, self.address, self.every = worker, address, OFFER_SECONDS
+        self.client = CoordinatorClient(coordinator, timeout=2.0, retry_for=OFFER_SECONDS)
+        self._stop_event = threading.Event()
+        self.offered = 0  # offers the coordinator took
+
+    def run(self) -> None:
+        import time
+
+        rows, at = self.worker.rows, time.monotonic()
+        while True:
+            now = time.monotonic()
+            rate = (self.worker.rows - rows) / max(now - at, 1e-9)
+            rows, at = self.worker.rows, now
+            try:
+                self.client.offer(self.address, rate)
+                self.offered += 1
+            except errors.StokerError as exc:
+                log.warning("the coordinator took no offer: %s", exc)
+            if self._stop_event.wait(self.every):
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+        try:
+            self.client.offer(self.address, 0.0, leaving=True)
+        except errors.StokerError:
+            pass  # (it forgets the worker after the timeout anyway)
+        self.client.close()

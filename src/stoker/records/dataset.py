@@ -41,7 +41,7 @@ from stoker.storage import RetryPolicy
 
 if TYPE_CHECKING:
     from stoker.cache.client import AgentClient
-    from stoker.preprocess.client import RemoteReader
+    from stoker.preprocess.client import Pool, RemoteReader
     from stoker.records.dali import DaliDecode
 
 Batch = dict[str, Any]
@@ -236,7 +236,7 @@ class RecordDataset(PlannedDataset):
         self.drop_remainder = drop_remainder
         self.rank, self.world_size = rank, world_size
         self.name = self.source.url
-        self.preprocess: list[str] | None = None
+        self.preprocess: Pool | None = None
         self.preprocess_token = preprocess_token
         if preprocess:
             from stoker.preprocess.client import parse_pool
