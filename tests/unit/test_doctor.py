@@ -24,6 +24,9 @@ def ev(**kw) -> Evidence:
         (ev(stall={"0": 0.5, "1": 0.5}, hit_ratio=0.3, remote_bytes_per_s=95e6), 100e6, "storage"),
         (ev(stall={"0": 0.5, "1": 0.5}, worker_busy=0.97, hit_ratio=0.99), None, "cpu"),
         (ev(stall={"0": 0.5, "1": 0.5}, worker_busy=0.3, hit_ratio=0.99), None, "prefetch"),
+        # the rows come from a preprocessing pool that has fewer workers than it needs
+        (ev(stall={"0": 0.5, "1": 0.5}, pool_workers=2.0, pool_needed=3.4), None, "pool"),
+        (ev(stall={"0": 0.5, "1": 0.5}, pool_workers=4.0, pool_needed=3.4), None, "prefetch"),
         (ev(stall={}), None, "no-data"),
         # training waits for device batches, the loader under the device tier does not
         (ev(stall={"0": 0.3, "1": 0.3}, host_stall={"0": 0.01, "1": 0.02}), None, "h2d"),
@@ -39,6 +42,8 @@ def test_each_bottleneck_is_named(evidence: Evidence, bandwidth, expected: str) 
     assert d.bottleneck == expected, doctor.render(d)
     if expected == "straggler":
         assert d.rank == "1" and "rank 1" in d.summary
+    if expected == "pool":
+        assert "2 more" in d.advice and "needs 3.4" in d.summary
     if expected not in ("none", "no-data"):
         assert d.evidence and "threshold" in d.evidence[0]
 
@@ -150,3 +155,9 @@ def test_per_source_reads_from_two_scrapes() -> None:
     assert e.source_read_seconds == pytest.approx({"web": 1.0, "code": 5.0})
     assert e.source_read_samples == pytest.approx({"web": 300.0, "code": 150.0})
     assert e.source_read_share() == pytest.approx({"web": 1 / 6, "code": 5 / 6})
+
+
+def test_the_pool_s_figures_come_from_the_coordinator_s_endpoint() -> None:
+    text = "stoker_preprocess_workers 3.0\nstoker_preprocess_workers_needed 4.5\n"
+    e = doctor.evidence({"c": doctor.parse(text)}, {"c": doctor.parse(text)}, 1.0)
+    assert (e.pool_workers, e.pool_needed) == (3.0, 4.5)

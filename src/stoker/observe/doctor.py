@@ -33,6 +33,7 @@ The rules, in order:
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import urllib.parse
 import urllib.request
@@ -160,6 +161,10 @@ class Evidence:
     #: samples those reads handed (every process together)
     source_read_seconds: dict[str, float] = field(default_factory=dict)
     source_read_samples: dict[str, float] = field(default_factory=dict)
+    #: the preprocessing pool, from the coordinator: its workers, and those the trainers'
+    #: demand needs at the workers' mean rate
+    pool_workers: float | None = None
+    pool_needed: float | None = None
 
     def source_read_share(self) -> dict[str, float]:
         """Each source's share of the time the consumers waited on the sources' readers."""
@@ -270,6 +275,11 @@ def evidence(before: dict[str, Samples], after: dict[str, Samples], seconds: flo
     ev.source_read_samples = dict(
         sorted(delta("stoker_loader_source_read_samples_total", "source").items())
     )
+    for name, attr in (("stoker_preprocess_workers", "pool_workers"),
+                       ("stoker_preprocess_workers_needed", "pool_needed")):  # fmt: skip
+        seen = [v for s in after.values() for (n, _), v in s.items() if n == name]
+        if seen:
+            setattr(ev, attr, max(seen))
     return ev
 
 
@@ -290,7 +300,8 @@ class Thresholds:
 
 @dataclass
 class Diagnosis:
-    bottleneck: str  # none | straggler | source | h2d | cache | storage | cpu | prefetch | no-data
+    # none | straggler | source | h2d | cache | storage | pool | cpu | prefetch | no-data
+    bottleneck: str
     summary: str
     advice: str
     evidence: list[str]
@@ -350,6 +361,11 @@ def diagnose(
         )
     if ev.gpu_sm_active is not None:
         lines.append(f"GPU SM active: {_pct(ev.gpu_sm_active)} (healthy above 85%)")
+    if ev.pool_workers is not None:
+        lines.append(
+            f"preprocessing pool: {ev.pool_workers:.0f} workers, the trainers' demand needs "
+            f"{ev.pool_needed or 0:.1f}"
+        )
     per_sample = _read_cost(ev)
     if per_sample:
         share = ev.source_read_share()
@@ -453,6 +469,17 @@ def diagnose(
             "cache the dataset on the nodes (cache_dir=) so later epochs read locally, use "
             "larger blocks, or raise the storage's bandwidth; more parallel requests help only "
             "while the link is not full",
+            lines,
+        )
+    if ev.pool_needed is not None and ev.pool_needed > (ev.pool_workers or 0):
+        return Diagnosis(
+            "pool",
+            f"the preprocessing pool is too small: {ev.pool_workers or 0:.0f} workers make the "
+            f"rows the ranks wait for, and their demand needs {ev.pool_needed:.1f} at the "
+            "workers' mean rate",
+            f"start {math.ceil(ev.pool_needed - (ev.pool_workers or 0)):.0f} more "
+            "preprocessing workers (stoker preprocess-worker --coordinator ...), or let an "
+            "autoscaler follow stoker_preprocess_workers_needed",
             lines,
         )
     if ev.worker_busy is not None and ev.worker_busy >= t.worker_busy:
