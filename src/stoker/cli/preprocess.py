@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s stoker-preprocess %(message)s")
     token = shared_token(args.token_file, "STOKER_PREPROCESS_TOKEN")
+    if args.coordinator and not args.advertise and _everywhere(args.bind):
+        raise ConfigError(
+            f"bound to {args.bind}: say which address trainers reach this worker at "
+            "(--advertise HOST:PORT)"
+        )
     local = {"cache_dir": args.cache_dir} if args.cache_dir else {"agent": False}
     worker = PreprocessWorker(args.bind, token, local)
     token_file = None
@@ -65,14 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.coordinator:
         from stoker.preprocess.worker import Offers
 
-        address = args.advertise or worker.address
-        if address.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::", ""):
-            worker.shutdown()
-            raise ConfigError(
-                f"bound to {worker.address}: say which address trainers reach this worker "
-                "at (--advertise HOST:PORT)"
-            )
-        offers = Offers(worker, args.coordinator, address)
+        offers = Offers(worker, args.coordinator, args.advertise or worker.address)
         offers.start()
     print(f"stoker preprocess-worker: serving {worker.address}", flush=True)
     done = threading.Event()
@@ -87,3 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if token_file is not None:
         token_file.unlink(missing_ok=True)
     return 0
+
+
+def _everywhere(bind: str) -> bool:
+    """Whether ``bind`` is every address (what a trainer cannot reach the worker at)."""
+    return bind.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::", "")
