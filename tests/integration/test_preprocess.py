@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import stoker
 from stoker.preprocess import client
@@ -165,6 +166,78 @@ def test_a_worker_killed_mid_epoch_loses_nothing_and_none_left_falls_back(
             got += list(it)
     assert len([w for w in seen if "no preprocessing worker" in str(w.message)]) == 1
     assert same_batches(got, local)
+
+
+def by_sample(batches: list[dict[str, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    return {int(i): b["image"][j] for b in batches for j, i in enumerate(b["sample_id"])}
+
+
+def test_a_coordinator_fed_epoch_through_the_pool_is_exactly_once_though_a_worker_dies(
+    images: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases and confirms stay the trainer's: every sample once, each the crop local
+    production gives it, though a worker is SIGKILLed mid-epoch (its requests are asked
+    again of the other)."""
+    monkeypatch.setattr(client, "CHUNK", 4)
+    monkeypatch.setattr(client, "INFLIGHT", 1)
+    local = by_sample(list(stoker.TokenLoader(dataset(images), 0)))
+    with workers(2) as ws:
+        ds = dataset(images, preprocess=pool([a for a, _ in ws]))
+        loader = stoker.TokenLoader(ds, 2, coordinator="rank0")
+        try:
+            it = iter(loader)
+            got = [next(it) for _ in range(4)]
+            ws[0][1].send_signal(signal.SIGKILL)
+            ws[0][1].wait(30)
+            got += list(it)
+        finally:
+            loader.close()
+    seen = [int(i) for b in got for i in b["sample_id"]]
+    assert sorted(seen) == list(range(N))
+    mine = by_sample(got)
+    assert all(torch.equal(mine[i], local[i]) for i in range(N))
+
+
+def test_a_run_resumed_through_the_pool_is_bit_identical(images: Path) -> None:
+    whole = list(stoker.TokenLoader(dataset(images), 0))
+    with workers(1) as ws:
+        remote = pool([ws[0][0]])
+        loader = stoker.TokenLoader(dataset(images, preprocess=remote), 2)
+        it = iter(loader)
+        head = [next(it) for _ in range(5)]
+        state = loader.state_dict()
+        it.close()
+        loader.close()
+        again = stoker.TokenLoader(dataset(images, preprocess=remote), 0)  # (other workers)
+        again.load_state_dict(state)
+        rest = list(again)
+    assert same_batches(head + rest, whole)
+
+
+def test_the_trainer_can_make_rows_too_as_one_more_worker(images: Path) -> None:
+    w = PreprocessWorker(token="t")
+    try:
+        ds = dataset(images, preprocess=pool([w.address]), preprocess_token="t",
+                     preprocess_local=True)  # fmt: skip
+        reader = ds.open_reader(0)
+        assert isinstance(reader, RemoteReader)
+        ids = np.arange(N)
+        reader.plan(ids)
+        out = ds.layout.allocate(N)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no fallback: the local share is asked for)
+            reader.fill(ids, out)
+        made = reader.made_by
+        reader.close()
+    finally:
+        w.shutdown()
+    mine = dataset(images).open_reader(0)
+    want = ds.layout.allocate(N)
+    mine.plan(ids)
+    mine.fill(ids, want)
+    mine.close()
+    assert np.array_equal(out["image"], want["image"])
+    assert made["local"] > 0 and made[w.address] > 0 and sum(made.values()) == N
 
 
 def test_no_worker_at_the_address_falls_back_with_one_warning(images: Path) -> None:

@@ -89,9 +89,14 @@ def _address(part: str, item: object) -> str:
     return part
 
 
+#: The name this process goes by among the workers (``made_by``) when it makes rows too.
+HERE = "local"
+
+
 class _Worker:
-    def __init__(self, address: str, token: str | None) -> None:
+    def __init__(self, address: str, token: str | None, here: bool = False) -> None:
         self.address = address
+        self.here = here  # this process, making rows with the dataset's own reader
         self.token = token
         self.client: flight.FlightClient | None = None
         self.inflight = 0
@@ -118,13 +123,16 @@ class RemoteReader:
         token: str | None = None,
         chunk: int | None = None,
         inflight: int | None = None,
+        here: bool = False,
     ) -> None:
         self.spec, self.epoch, self.layout = spec, epoch, layout
         self.chunk = max(1, CHUNK if chunk is None else chunk)
         self.inflight = max(1, INFLIGHT if inflight is None else inflight)
         self._token = token or env.get("STOKER_PREPROCESS_TOKEN") or None
         self._lock = threading.Lock()
-        self._workers: list[_Worker] = []
+        # with ``here``, this process is one more worker of the pool (its own cores make
+        # rows too, at the pace they do), not only the last resort
+        self._workers: list[_Worker] = [_Worker(HERE, None, here=True)] if here else []
         self._join(pool.addresses)
         self._coordinator = (
             None
@@ -137,6 +145,7 @@ class RemoteReader:
         self.horizon = 4 * self.chunk * self.inflight * max(1, len(self._workers))
         self._local_open = local
         self._local: Reader | None = None
+        self._local_lock = threading.Lock()  # (the pool's thread and the consumer's)
         self._stream = secrets.token_hex(8)
         self._turn = 0
         self._pool = ThreadPoolExecutor(
@@ -226,7 +235,7 @@ class RemoteReader:
                 return None
             start = time.monotonic()
             try:
-                arrays = self._get(w, req)
+                arrays = self._made_here(req.ids) if w.here else self._get(w, req)
             except (flight.FlightUnavailableError, flight.FlightTimedOutError, OSError):
                 with self._lock:
                     w.down_until = time.monotonic() + RETRY_SECONDS
@@ -316,10 +325,17 @@ class RemoteReader:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if self._local is None:
-            self._local = self._local_open()
+        return self._made_here(ids)
+
+    def _made_here(self, ids: np.ndarray | list[int]) -> dict[str, np.ndarray]:
+        """Rows of ``ids`` made by this process's own reader of the dataset."""
+        ids = np.asarray(ids, dtype=np.int64)
         rows = self.layout.allocate(len(ids))
-        self._local.fill(ids, rows)
+        with self._local_lock:
+            if self._local is None:
+                self._local = self._local_open()
+            self._local.fill(ids, rows)
+        rows[SAMPLE_ID][...] = ids
         return rows
 
     @property

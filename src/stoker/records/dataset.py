@@ -129,7 +129,9 @@ class RecordDataset(PlannedDataset):
     confirms stay this process's, so each batch still reaches training exactly once. A
     worker's token: ``preprocess_token``, else ``$STOKER_PREPROCESS_TOKEN``, else the one a
     loopback worker of this user keeps in the runtime directory. With no worker
-    answering, the rows are made here, after one warning. The transform must then be
+    answering, the rows are made here, after one warning. ``preprocess_local=True``:
+    this process makes rows too, as one more worker of the pool (asked as often as its
+    pace allows; ``"local"`` in the reader's ``made_by``). The transform must then be
     importable by name (a module's top-level function): the workers import it.
 
     The plan, the state, the DataLoader protocol, ``stoker.TokenLoader`` and the
@@ -170,6 +172,7 @@ class RecordDataset(PlannedDataset):
         on_error: str = "raise",
         preprocess: str | Sequence[str] | None = None,
         preprocess_token: str | None = None,
+        preprocess_local: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -238,6 +241,7 @@ class RecordDataset(PlannedDataset):
         self.name = self.source.url
         self.preprocess: Pool | None = None
         self.preprocess_token = preprocess_token
+        self.preprocess_local = preprocess_local
         if preprocess:
             from stoker.preprocess.client import parse_pool
             from stoker.preprocess.spec import WorkSpec
@@ -452,6 +456,7 @@ class RecordDataset(PlannedDataset):
             self.layout,
             local=lambda: self._open_local(epoch, decoding),
             token=self.preprocess_token,
+            here=self.preprocess_local,
         )
 
     def _open_local(self, epoch: int, decoding: int | None) -> RecordReader:
