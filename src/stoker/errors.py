@@ -22,7 +22,8 @@ can catch either::
     ├── CoordinatorRefused (RuntimeError)   the coordinator refused a request
     │   └── ConsumerExpired                 the consumer was silent past its timeout
     ├── CoordinatorUnavailable (ConnectionError)  the coordinator did not answer in time
-    └── WorkerError (RuntimeError)          a loader worker failed, died or stopped answering
+    ├── WorkerError (RuntimeError)          a loader worker failed, died or stopped answering
+    └── PreprocessError (RuntimeError)      a preprocessing worker refused or failed a request
 
 Context travels as attributes: a :class:`StorageError` has the ``url`` and ``path`` of
 the file and, for a range read, its ``start`` and ``stop``; a :class:`ChecksumError`
@@ -30,7 +31,8 @@ its ``file`` and ``block``; a :class:`WorkerError` its ``worker`` and ``pid``; a
 :class:`CoordinatorRefused` the gRPC ``code`` and the coordinator's ``reason``
 (``expired_consumer``, ``wrong_epoch``, ...; ``""`` when it gave none).
 
-Between processes (a loader's worker pipes, the node agent's answers) an error
+Between processes (a loader's worker pipes, the node agent's answers, a
+preprocessing worker's errors) an error
 travels as its kind: :func:`encode` gives ``(kind, message, fields)`` and
 :func:`decode` makes the same class again, its message followed by where it came
 from. Only the classes of this module are kinds (a subclass defined elsewhere

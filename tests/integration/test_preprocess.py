@@ -107,6 +107,38 @@ def test_workers_make_the_rows_the_trainer_would_bit_for_bit(images: Path) -> No
             assert sorted(int(i) for b in got for i in b["sample_id"]) == list(range(N))
 
 
+def pool_figures() -> dict[str, float]:
+    """This process's preprocessing figures as Prometheus shows them (worker processes
+    of the loader's included)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stoker.observe.exposition import Collector
+
+    reg = CollectorRegistry()
+    reg.register(Collector())
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for x in fam.samples:
+            if x.name.startswith("stoker_preprocess_"):
+                out[x.name + "/" + x.labels.get("worker", "")] = x.value
+    return out
+
+
+def test_the_pool_s_rows_and_waits_are_counted_by_worker(images: Path) -> None:
+    with workers(1) as ws:
+        before = pool_figures()
+        loader = stoker.TokenLoader(dataset(images, preprocess=pool([ws[0][0]])), 2)
+        list(loader)
+        loader.close()
+        after = pool_figures()
+    key = f"stoker_preprocess_rows_total/{ws[0][0]}"
+    assert after[key] - before.get(key, 0.0) == N  # (made in the loader's workers, summed)
+    secs = f"stoker_preprocess_request_seconds_total/{ws[0][0]}"
+    assert after[secs] > before.get(secs, 0.0)
+    assert "stoker_preprocess_wait_seconds_total/" in after
+
+
 def test_the_plain_recipe_and_an_epoch_after_the_first_match_too(images: Path) -> None:
     loader = stoker.TokenLoader(dataset(images), 0)
     local = [list(loader), list(loader)]
@@ -196,6 +228,21 @@ def test_a_coordinator_fed_epoch_through_the_pool_is_exactly_once_though_a_worke
     assert sorted(seen) == list(range(N))
     mine = by_sample(got)
     assert all(torch.equal(mine[i], local[i]) for i in range(N))
+
+
+def test_two_trainer_ranks_share_the_workers_and_an_epoch(images: Path) -> None:
+    one = by_sample(list(stoker.TokenLoader(dataset(images, rank=0, world_size=1), 0)))
+    with workers(2) as ws:
+        remote = pool([a for a, _ in ws])
+        ranks = [
+            list(stoker.TokenLoader(dataset(images, rank=r, world_size=2, preprocess=remote), 0))
+            for r in (0, 1)
+        ]
+    seen = [[int(i) for b in got for i in b["sample_id"]] for got in ranks]
+    assert len(seen[0]) == len(seen[1]) and not set(seen[0]) & set(seen[1])
+    assert set(seen[0]) | set(seen[1]) == set(range(N))
+    for got in ranks:
+        assert all(torch.equal(img, one[i]) for i, img in by_sample(got).items())
 
 
 def test_a_run_resumed_through_the_pool_is_bit_identical(images: Path) -> None:

@@ -154,6 +154,27 @@ class Collector:
                 read_s.add_metric([name], secs)
                 read_n.add_metric([name], rows)
             yield from (read_s, read_n)
+        if own.get("pool"):
+            rows_f = CounterMetricFamily(
+                "stoker_preprocess_rows",
+                "Rows each preprocessing worker made for this process's readers "
+                '("local": this process)',
+                labels=["worker"],
+            )
+            secs_f = CounterMetricFamily(
+                "stoker_preprocess_request_seconds",
+                "Seconds the requests to each preprocessing worker took",
+                labels=["worker"],
+            )
+            for name, (rows, secs) in sorted(own["pool"].items()):
+                rows_f.add_metric([name], rows)
+                secs_f.add_metric([name], secs)
+            yield from (rows_f, secs_f)
+            yield CounterMetricFamily(
+                "stoker_preprocess_wait_seconds",
+                "Seconds this process's readers waited for the preprocessing pool's rows",
+                value=own.get("pool_wait", 0.0),
+            )
         yield _histogram(
             HistogramMetricFamily,
             "stoker_loader_wait_seconds",

@@ -76,6 +76,10 @@ class Metrics:
         #: a mixture's sources, by name: [seconds its readers took to hand rows, rows]
         self.sources: dict[str, list[float]] = {}
         self.images = dict.fromkeys(IMAGES, 0)
+        #: the preprocessing pool, by worker address ("local": this process): [rows it
+        #: made for this process's readers, seconds those requests took]
+        self.pool: dict[str, list[float]] = {}
+        self.pool_wait = 0.0  # seconds this process's readers waited on the pool's rows
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
@@ -112,6 +116,8 @@ class Metrics:
                 "threads": {"busy": self.threads.busy, "alive": self.threads.alive},
                 "sources": {k: list(v) for k, v in self.sources.items()},
                 "images": dict(self.images),
+                "pool": {k: list(v) for k, v in self.pool.items()},
+                "pool_wait": self.pool_wait,
             }
 
     def add(self, delta: dict[str, Any]) -> None:
@@ -128,6 +134,25 @@ class Metrics:
                 acc[1] += rows
             for k, n in delta.get("images", {}).items():
                 self.images[k] = self.images.get(k, 0) + n
+            for k, (rows, secs) in delta.get("pool", {}).items():
+                acc = self.pool.setdefault(k, [0.0, 0.0])
+                acc[0] += rows
+                acc[1] += secs
+            self.pool_wait += delta.get("pool_wait", 0.0)
+
+    # -- the preprocessing pool ----------------------------------------------------------
+    def pool_made(self, worker: str, rows: int, seconds: float) -> None:
+        """Worker ``worker`` made ``rows`` rows for a reader of this process in a request
+        of ``seconds``."""
+        with self.lock:
+            acc = self.pool.setdefault(worker, [0.0, 0.0])
+            acc[0] += rows
+            acc[1] += seconds
+
+    def pool_waited(self, seconds: float) -> None:
+        """A reader of this process waited ``seconds`` for the pool's rows."""
+        with self.lock:
+            self.pool_wait += seconds
 
     # -- a records reader's images ------------------------------------------------------
     def image_event(self, name: str, n: int = 1) -> None:
@@ -190,8 +215,9 @@ class Threads:
 def combine(a: dict[str, Any], b: dict[str, Any], sign: int = 1) -> dict[str, Any]:
     """``a + b`` (or ``a - b`` with ``sign=-1``) of two :meth:`Metrics.snapshot` results
     (or their differences): storage counts, latency buckets, thread seconds, a mixture's
-    per-source read seconds and rows, images decoded and skipped (the last two absent
-    from a snapshot written before they were)."""
+    per-source read seconds and rows, images decoded and skipped, the preprocessing
+    pool's rows and seconds by worker and the wait on it (the last ones absent from a
+    snapshot written before they were)."""
     s, t = a["storage"], b["storage"]
     storage: dict[str, Any] = {k: s[k] + sign * t[k] for k in STORAGE}
     storage["latency"] = {
@@ -209,7 +235,19 @@ def combine(a: dict[str, Any], b: dict[str, Any], sign: int = 1) -> dict[str, An
     }
     ia, ib = a.get("images", {}), b.get("images", {})
     images = {k: ia.get(k, 0) + sign * ib.get(k, 0) for k in IMAGES}
-    return {"storage": storage, "threads": threads, "sources": sources, "images": images}
+    pa, pb = a.get("pool", {}), b.get("pool", {})
+    pool = {
+        k: [x + sign * y for x, y in zip(pa.get(k, (0.0, 0.0)), pb.get(k, (0.0, 0.0)), strict=True)]
+        for k in {*pa, *pb}
+    }
+    return {
+        "storage": storage,
+        "threads": threads,
+        "sources": sources,
+        "images": images,
+        "pool": pool,
+        "pool_wait": a.get("pool_wait", 0.0) + sign * b.get("pool_wait", 0.0),
+    }
 
 
 def delta(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from stoker.coordinator.pool import OFFER_SECONDS
 from stoker.errors import ConfigError, PreprocessError
 from stoker.loader.batch import SAMPLE_ID, Layout
 from stoker.loader.consumer import Reader
+from stoker.observe.registry import registry
 from stoker.preprocess.spec import WorkSpec
 from stoker.preprocess.wire import ERROR, Request, from_batch
 
@@ -243,10 +244,12 @@ class RemoteReader:
             finally:
                 with self._lock:
                     w.inflight -= 1
-            took = (time.monotonic() - start) / max(1, len(req.ids))
+            seconds = time.monotonic() - start
+            took = seconds / max(1, len(req.ids))
             with self._lock:
                 w.rows += len(req.ids)
                 w.per_row = took if not w.per_row else 0.7 * w.per_row + 0.3 * took
+            registry().pool_made(w.address, len(req.ids), seconds)
             return arrays
         return None
 
@@ -297,9 +300,16 @@ class RemoteReader:
             if not self._chunks:
                 self._ask()
             s, chunk_ids, fut = self._chunks[0]
-            rows = fut.result()
+            if fut.done():
+                rows = fut.result()
+            else:  # the consumer waits on the pool
+                start = time.monotonic()
+                rows = fut.result()
+                registry().pool_waited(time.monotonic() - start)
             if rows is None:  # no worker could make them: made here
+                start = time.monotonic()
                 rows = self._make_here(chunk_ids)
+                registry().pool_made(HERE, len(chunk_ids), time.monotonic() - start)
                 self._chunks[0] = (s, chunk_ids, _done(rows))
             a = self._pos - s
             b = min(len(chunk_ids), end - s)
