@@ -410,3 +410,60 @@ def test_workers_offered_to_the_coordinator_are_found_even_mid_epoch(
     assert sum(made.values()) == N
     assert "stoker_preprocess_workers 2.0" in text
     assert "stoker_preprocess_workers_needed" in text
+
+
+def start_coordinator(state: Path, *bind: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stoker", "coordinator", "--state", str(state),
+         "--world", "1", "--num-samples", str(N), "--metrics-port", "-1", *bind],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = next(x for x in proc.stdout if "serving" in x)
+    return proc, line.split("serving ")[1].split()[0]
+
+
+def test_a_coordinator_restart_loses_the_pool_nothing(
+    images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed, the coordinator's listing stops, not the rows (the reader keeps the
+    workers it knows); restarted on its address, the workers' next offers list them
+    again (the pool is not journaled: it is told again every few seconds)."""
+    monkeypatch.setattr(client, "OFFER_SECONDS", 0.0)  # (the reader asks at every batch)
+    procs = []
+    try:
+        first, address = start_coordinator(tmp_path / "state")
+        procs.append(first)
+        ds = dataset(images, preprocess=f"coordinator://{address}")
+        ids = np.random.default_rng(2).permutation(N)
+        got = ds.layout.allocate(N)
+        with workers(1, "--coordinator", address) as ws:
+            listed(address, ws[0][0])
+            reader = ds.open_reader(0)
+            assert isinstance(reader, RemoteReader)
+            reader.plan(ids)
+            reader.fill(ids[:32], {k: v[:32] for k, v in got.items()})
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+            reader.fill(ids[32:64], {k: v[32:64] for k, v in got.items()})
+            again, _ = start_coordinator(tmp_path / "state", "--bind", address)
+            procs.append(again)
+            listed(address, ws[0][0])
+            reader.fill(ids[64:], {k: v[64:] for k, v in got.items()})
+            made = reader.made_by
+            reader.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+            p.wait(30)
+            if p.stdout is not None:
+                p.stdout.close()
+    mine = dataset(images).open_reader(0)
+    want = ds.layout.allocate(N)
+    mine.plan(ids)
+    mine.fill(ids, want)
+    mine.close()
+    assert np.array_equal(got["image"], want["image"])
+    assert made == {ws[0][0]: N}  # (no fallback: every row the worker's)
