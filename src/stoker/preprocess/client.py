@@ -138,7 +138,9 @@ class RemoteReader:
         self._coordinator = (
             None
             if pool.coordinator is None
-            else CoordinatorClient(pool.coordinator, timeout=2.0, retry_for=2.0)
+            # one try a turn, briefly: a coordinator away must not hold the batches up (the
+            # reader goes on with the workers it knows, and asks again next turn)
+            else CoordinatorClient(pool.coordinator, timeout=0.5, retry_for=0.0)
         )
         self._asked_at = -math.inf  # when the coordinator was last asked
         self._filled = 0  # rows filled since then (what this reader consumes)
