@@ -7,6 +7,7 @@ its token."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -175,6 +176,79 @@ def test_the_rows_are_shared_out_among_the_workers(images: Path) -> None:
     assert np.array_equal(out["label"], want["label"])
     assert made[a.address] > 0 and made[b.address] > 0
     assert made[a.address] + made[b.address] == N == a.rows + b.rows
+
+
+def test_more_trainer_streams_than_a_worker_keeps_readers_for_all_get_their_rows(
+    images: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six readers at once against a worker that keeps readers for two: a stream pushed
+    out while a request of its uses it is closed only after that request (and the next
+    request of it opens a fresh one)."""
+    import threading
+
+    from stoker.preprocess import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "READERS", 2)
+    w = PreprocessWorker(token="t")
+    ds = dataset(images, preprocess=pool([w.address]), preprocess_token="t")
+    mine = dataset(images).open_reader(0)
+    ids = np.arange(N)
+    want = ds.layout.allocate(N)
+    mine.plan(ids)
+    mine.fill(ids, want)
+    mine.close()
+    failed: list[BaseException] = []
+    same_rows: list[bool] = []
+
+    def read() -> None:
+        try:
+            reader = ds.open_reader(0)
+            reader.plan(ids)
+            out = ds.layout.allocate(N)
+            for i in range(0, N, 8):
+                reader.fill(ids[i : i + 8], {k: v[i : i + 8] for k, v in out.items()})
+            reader.close()
+            same_rows.append(bool(np.array_equal(out["image"], want["image"])))
+        except BaseException as exc:
+            failed.append(exc)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no worker set aside, no fallback)
+            threads = [threading.Thread(target=read) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+    finally:
+        w.shutdown()
+    assert not failed, failed[0]
+    assert same_rows == [True] * 6
+    assert w.rows == 6 * N
+
+
+def test_a_worker_that_reads_another_dataset_at_the_url_is_set_aside(
+    images: Path, tmp_path: Path
+) -> None:
+    other = photo_records(tmp_path / "other", N, 9, (40, 120), (5, 7), 20_000)
+    w = PreprocessWorker(token="t")
+    try:
+        ds = dataset(images, preprocess=pool([w.address]), preprocess_token="t")
+        forged = dataclasses.replace(ds._work, url=str(other))  # (the same url, elsewhere)
+        reader = ds.open_reader(0)
+        assert isinstance(reader, RemoteReader)
+        reader.spec = forged
+        ids = np.arange(16)
+        reader.plan(ids)
+        out = ds.layout.allocate(16)
+        with pytest.warns(RuntimeWarning) as seen:
+            reader.fill(ids, out)  # (made here instead)
+        reader.close()
+    finally:
+        w.shutdown()
+    said = " ".join(str(x.message) for x in seen)
+    assert f"worker {w.address} is left alone" in said and "another dataset" in said
+    assert reader.made_by[w.address] == 0
 
 
 def test_a_worker_killed_mid_epoch_loses_nothing_and_none_left_falls_back(
@@ -367,6 +441,10 @@ def test_workers_offered_to_the_coordinator_are_found_even_mid_epoch(
     import urllib.request
 
     monkeypatch.setattr(client, "OFFER_SECONDS", 0.0)  # (the reader asks at every batch)
+    # requests of 4 rows, one at a time: the rows after the first 32 are asked for after
+    # the second worker offered itself
+    monkeypatch.setattr(client, "CHUNK", 4)
+    monkeypatch.setattr(client, "INFLIGHT", 1)
     coordinator = subprocess.Popen(
         [sys.executable, "-m", "stoker", "coordinator", "--state", str(tmp_path / "state"),
          "--world", "1", "--num-samples", str(N), "--metrics-port", "0"],

@@ -27,6 +27,7 @@ def ev(**kw) -> Evidence:
         # the rows come from a preprocessing pool that has fewer workers than it needs
         (ev(stall={"0": 0.5, "1": 0.5}, pool_workers=2.0, pool_needed=3.4), None, "pool"),
         (ev(stall={"0": 0.5, "1": 0.5}, pool_workers=4.0, pool_needed=3.4), None, "prefetch"),
+        (ev(stall={"0": 0.5, "1": 0.5}, pool_workers=4.0, pool_needed=4.05), None, "prefetch"),
         (ev(stall={}), None, "no-data"),
         # training waits for device batches, the loader under the device tier does not
         (ev(stall={"0": 0.3, "1": 0.3}, host_stall={"0": 0.01, "1": 0.02}), None, "h2d"),

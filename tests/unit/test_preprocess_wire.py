@@ -34,6 +34,11 @@ def test_a_spec_survives_json_and_a_bad_field_is_named() -> None:
         WorkSpec.from_json(json.dumps({k: v for k, v in raw.items() if k != "url"}))
     with pytest.raises(ConfigError, match="not JSON"):
         WorkSpec.from_json(b"\x80(pickle")
+    # sizes a worker would allocate or let an image claim are bounded
+    for field, value in [("image_size", 60_000), ("max_bytes", 1 << 40), ("max_pixels", 1 << 40),
+                         ("image_size", 0)]:  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"{field}.*not in \[1, "):
+            WorkSpec.from_json(json.dumps({**raw, field: value}))
 
 
 def test_a_transform_travels_by_name_only() -> None:
@@ -65,6 +70,11 @@ def test_a_request_survives_bytes_and_a_malformed_one_is_refused() -> None:
         Request.from_bytes(json.dumps({**raw, "epochs": [1]}).encode())
     with pytest.raises(ConfigError, match="unknown fields"):
         Request.from_bytes(json.dumps({**raw, "spec": {"url": "x", "evil": 1}}).encode())
+    for ids, ahead in [([], []), (list(range(5000)), []), ([1], list(range(5000)))]:
+        with pytest.raises(ConfigError, match="1 to 4096"):
+            Request.from_bytes(
+                json.dumps({**raw, "ids": ids, "ahead": ahead, "epochs": None}).encode()
+            )
 
 
 @given(

@@ -53,6 +53,15 @@ def run(args: argparse.Namespace) -> int:
             f"bound to {args.bind}: say which address trainers reach this worker at "
             "(--advertise HOST:PORT)"
         )
+    from stoker.coordinator.server import is_loopback
+
+    offered = args.advertise or args.bind
+    if args.coordinator and is_loopback(offered) and not is_loopback(args.coordinator):
+        raise ConfigError(
+            f"the coordinator {args.coordinator} is on another machine, whose trainers "
+            f"cannot reach this worker at {offered}: bind (or --advertise) an address "
+            "they reach"
+        )
     local = {"cache_dir": args.cache_dir} if args.cache_dir else {"agent": False}
     worker = PreprocessWorker(args.bind, token, local)
     token_file = None

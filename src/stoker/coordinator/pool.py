@@ -2,9 +2,10 @@
 
 Workers offer themselves (their address and the rows a second they made lately) every
 few seconds; one silent past the timeout, or leaving, is out. Trainers ask which
-workers there are, and say how many rows a second they consume. What the job needs is
-the trainers' rows a second over a worker's mean rate: the workers an autoscaler
-should keep (``stoker doctor`` reads it from the coordinator's metrics).
+workers there are, and say how many rows a second they would consume were they never
+kept waiting on the pool (rows over the time not spent waiting). What the job needs is
+that demand over a worker's mean rate: the workers an autoscaler should keep (``stoker
+doctor`` reads it from the coordinator's metrics).
 """
 
 from __future__ import annotations

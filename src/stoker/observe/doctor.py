@@ -471,7 +471,9 @@ def diagnose(
             "while the link is not full",
             lines,
         )
-    if ev.pool_needed is not None and ev.pool_needed > (ev.pool_workers or 0):
+    # (demand is what the trainers would read were they never kept waiting on the pool:
+    # past the workers there are by a tenth, not by a window's noise)
+    if ev.pool_needed is not None and ev.pool_needed > 1.1 * (ev.pool_workers or 0):
         return Diagnosis(
             "pool",
             f"the preprocessing pool is too small: {ev.pool_workers or 0:.0f} workers make the "

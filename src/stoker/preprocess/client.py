@@ -16,6 +16,7 @@ as its own kind, naming the row and the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from stoker import env, errors, runtime
@@ -42,15 +44,24 @@ from stoker.preprocess.spec import WorkSpec
 from stoker.preprocess.wire import ERROR, Request, from_batch
 
 #: Rows a request asks for.
-CHUNK = 16
-#: Requests in flight to one worker at most.
-INFLIGHT = 2
+CHUNK = 32
+#: Requests in flight to one worker at most (queued at the worker, which makes a stream's
+#: requests one after the other: the next is there when one is done, and the worker
+#: keeps making rows while the trainer steps; 128 rows with CHUNK).
+INFLIGHT = 4
+#: Ids a request names after its own (the worker's reader plans its blocks that far: a
+#: block fetched for one chunk serves the later chunks' rows of it too).
+AHEAD = 2048
 #: Seconds a worker that could not be reached is left alone before it is asked again.
 RETRY_SECONDS = 10.0
 #: Seconds a request may take before its worker counts as unreachable.
 TIMEOUT_SECONDS = 120.0
 #: Workers a reader's request threads are made for (at most ``INFLIGHT`` each at once).
 MOST_WORKERS = 8
+#: Seconds the coordinator has to list the workers: the reader's first ask, the later
+#: ones (a coordinator away holds no batch up), and the wait before asking again after
+#: it did not answer.
+FIRST_ASK_SECONDS, ASK_SECONDS, AWAY_SECONDS = 5.0, 0.5, 30.0
 
 
 @dataclass(frozen=True)
@@ -106,8 +117,16 @@ class _Worker:
         self.per_row = 0.0  # seconds a row took it, a moving average (0: not asked yet)
 
     def due(self) -> float:
-        """When a request asked of it now would be answered, in its own pace."""
+        """When a request asked of it now would be answered, in its own pace (a worker
+        not yet measured gets one request at a time: its first answer sets its pace)."""
+        if not self.per_row:
+            return 0.0 if not self.inflight else math.inf
         return (self.inflight + 1) * self.per_row
+
+
+class _SetAside(Exception):
+    """A worker that answered but cannot make rows (its own setup: another stoker, a
+    transform it cannot import, storage it cannot read): left alone a while."""
 
 
 class RemoteReader:
@@ -127,10 +146,12 @@ class RemoteReader:
         here: bool = False,
     ) -> None:
         self.spec, self.epoch, self.layout = spec, epoch, layout
+        self.layout_np = {k: v.dtype for k, v in layout.allocate(0).items()}
         self.chunk = max(1, CHUNK if chunk is None else chunk)
         self.inflight = max(1, INFLIGHT if inflight is None else inflight)
         self._token = token or env.get("STOKER_PREPROCESS_TOKEN") or None
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # a request answered: room for one
         # with ``here``, this process is one more worker of the pool (its own cores make
         # rows too, at the pace they do), not only the last resort
         self._workers: list[_Worker] = [_Worker(HERE, None, here=True)] if here else []
@@ -140,12 +161,17 @@ class RemoteReader:
             if pool.coordinator is None
             # one try a turn, briefly: a coordinator away must not hold the batches up (the
             # reader goes on with the workers it knows, and asks again next turn)
-            else CoordinatorClient(pool.coordinator, timeout=0.5, retry_for=0.0)
+            else CoordinatorClient(pool.coordinator, timeout=FIRST_ASK_SECONDS, retry_for=0.0)
         )
         self._asked_at = -math.inf  # when the coordinator was last asked
+        self._next_ask = -math.inf  # when it is asked next (later after it did not answer)
         self._filled = 0  # rows filled since then (what this reader consumes)
+        self._waited = 0.0  # seconds of that spent waiting on the pool
         self._reader_id = secrets.randbits(62)
-        self.horizon = 4 * self.chunk * self.inflight * max(1, len(self._workers))
+        # planned as far ahead as a worker is told (a request names the ids after its own,
+        # up to AHEAD, so that the worker's reader keeps a block for all the rows it has
+        # planned, not only the next chunk's)
+        self.horizon = AHEAD
         self._local_open = local
         self._local: Reader | None = None
         self._local_lock = threading.Lock()  # (the pool's thread and the consumer's)
@@ -163,6 +189,8 @@ class RemoteReader:
         self._chunks: deque[tuple[int, np.ndarray, Future[dict[str, np.ndarray] | None]]] = deque()
         self._warned = False
         self._closed = False
+        self._coordinator_error = ""  # why the coordinator did not answer last
+        self._set_aside: set[str] = set()  # workers warned about
 
     # -- the plan -----------------------------------------------------------------------
     def plan(self, upcoming: np.ndarray) -> None:
@@ -177,10 +205,14 @@ class RemoteReader:
         self._seq, self._pos, self._asked = upcoming, 0, keep
         self._ask()
 
-    def _join(self, addresses: Sequence[str]) -> None:
-        """Workers not known yet join (those known keep their pace and counts)."""
-        known = {w.address for w in self._workers}
+    def _join(self, addresses: Sequence[str], only: bool = False) -> None:
+        """Workers not known yet join (those known keep their pace and counts); with
+        ``only``, those not listed leave (their requests in flight finish)."""
+        listed = set(addresses)
         with self._lock:
+            if only:
+                self._workers = [w for w in self._workers if w.here or w.address in listed]
+            known = {w.address for w in self._workers}
             for a in addresses:
                 if a not in known:
                     token = self._token or runtime.read_token(a, "preprocess")
@@ -189,17 +221,26 @@ class RemoteReader:
 
     def _refresh(self) -> None:
         """Ask the coordinator for the workers up, every few seconds, saying what this
-        reader consumed; a coordinator that does not answer changes nothing."""
+        reader would consume were it never kept waiting on the pool (its demand); a
+        coordinator that does not answer changes nothing, and is asked again later."""
         now = time.monotonic()
-        if self._coordinator is None or now - self._asked_at < OFFER_SECONDS:
+        if self._coordinator is None or now < self._next_ask:
             return
-        rate = self._filled / (now - self._asked_at) if self._asked_at > -math.inf else 0.0
+        rate = 0.0
+        if self._asked_at > -math.inf:
+            rate = self._filled / max(now - self._asked_at - self._waited, 1e-3)
         try:
             got = self._coordinator.pool(self._reader_id, rate)
-        except errors.StokerError:
-            got = []
-        self._asked_at, self._filled = now, 0
-        self._join(got)
+        except errors.StokerError as exc:
+            self._next_ask = now + AWAY_SECONDS
+            self._coordinator_error = str(exc)
+            return
+        finally:
+            self._coordinator.timeout = ASK_SECONDS
+        self._asked_at, self._next_ask, self._filled, self._waited = (
+            now, now + OFFER_SECONDS, 0, 0.0)  # fmt: skip
+        self._coordinator_error = ""
+        self._join(got, only=True)
 
     def _ask(self) -> None:
         """Ask for chunks of the plan as far as the workers take requests."""
@@ -208,26 +249,34 @@ class RemoteReader:
         while self._asked < len(self._seq) and self._asked - self._pos < most:
             s = self._asked
             ids = self._seq[s : s + self.chunk]
-            ahead = self._seq[s + len(ids) : s + len(ids) + 2 * self.chunk]
+            ahead = self._seq[s + len(ids) : s + len(ids) + AHEAD]
             req = Request(self.spec, self.epoch, ids.tolist(), ahead.tolist(), self._stream)
             self._chunks.append((s, ids, self._pool.submit(self._call, req)))
             self._asked = s + len(ids)
 
     # -- asking a worker ------------------------------------------------------------------
     def _pick(self) -> _Worker | None:
-        now = time.monotonic()
-        with self._lock:
-            k = len(self._workers)
-            if not k:
-                return None
-            self._turn = (self._turn + 1) % k  # (ties go round: from the next one on)
-            order = [self._workers[(self._turn + i) % k] for i in range(k)]
-            up = [w for w in order if w.down_until <= now]
-            if not up:
-                return None
-            w = min(up, key=_Worker.due)  # (the first of equals: ties go round)
-            w.inflight += 1
-            return w
+        """The worker to ask next: of those up with room (one request at a time to a worker
+        not measured yet, ``inflight`` to the others), the one that would answer first;
+        None when none is up. With all of them full, wait for one to answer."""
+        with self._freed:
+            while not self._closed:
+                now = time.monotonic()
+                k = len(self._workers)
+                if not k:
+                    return None
+                self._turn = (self._turn + 1) % k  # (ties go round: from the next one on)
+                order = [self._workers[(self._turn + i) % k] for i in range(k)]
+                up = [w for w in order if w.down_until <= now]
+                if not up:
+                    return None
+                room = [w for w in up if w.inflight < (self.inflight if w.per_row else 1)]
+                if room:
+                    w = min(room, key=_Worker.due)  # (the first of equals: ties go round)
+                    w.inflight += 1
+                    return w
+                self._freed.wait(1.0)
+            return None
 
     def _call(self, req: Request) -> dict[str, np.ndarray] | None:
         """The rows of ``req`` from a worker (another when one cannot be reached), or None
@@ -239,13 +288,24 @@ class RemoteReader:
             start = time.monotonic()
             try:
                 arrays = self._made_here(req.ids) if w.here else self._get(w, req)
+            except _SetAside as exc:
+                self._aside(w, str(exc))
+                continue
             except (flight.FlightUnavailableError, flight.FlightTimedOutError, OSError):
-                with self._lock:
-                    w.down_until = time.monotonic() + RETRY_SECONDS
+                self._aside(w, "")  # (gone, or not there yet: expected, said by no warning)
+                continue
+            except (flight.FlightError, pa.ArrowException) as exc:
+                if isinstance(exc, flight.FlightUnauthenticatedError):
+                    raise PreprocessError(
+                        f"preprocessing worker {w.address} refused this trainer's token (give "
+                        "the worker's token: preprocess_token=, or STOKER_PREPROCESS_TOKEN)"
+                    ) from None
+                self._aside(w, f"{type(exc).__name__}: {exc}")
                 continue
             finally:
-                with self._lock:
+                with self._freed:
                     w.inflight -= 1
+                    self._freed.notify_all()
             seconds = time.monotonic() - start
             took = seconds / max(1, len(req.ids))
             with self._lock:
@@ -255,28 +315,50 @@ class RemoteReader:
             return arrays
         return None
 
+    def _aside(self, w: _Worker, why: str) -> None:
+        """Leave ``w`` alone for :data:`RETRY_SECONDS`, saying ``why`` (if anything) the
+        first time."""
+        with self._lock:
+            w.down_until = time.monotonic() + RETRY_SECONDS
+            first = bool(why) and w.address not in self._set_aside
+            if why:
+                self._set_aside.add(w.address)
+        if first:
+            warnings.warn(
+                f"preprocessing worker {w.address} is left alone for {RETRY_SECONDS:.0f} s "
+                f"at a time: {why}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
     def _get(self, w: _Worker, req: Request) -> dict[str, np.ndarray]:
-        if w.client is None:
-            w.client = flight.connect(f"grpc://{w.address}")
+        with self._lock:
+            if w.client is None:
+                w.client = flight.connect(f"grpc://{w.address}")
+            fc = w.client
         headers = [] if w.token is None else [(b"authorization", f"Bearer {w.token}".encode())]
         options = flight.FlightCallOptions(headers=headers, timeout=TIMEOUT_SECONDS)
         try:
-            table = w.client.do_get(flight.Ticket(req.to_bytes()), options).read_all()
-        except flight.FlightUnauthenticatedError:
-            raise PreprocessError(
-                f"preprocessing worker {w.address} refused this trainer's token (give the "
-                "worker's token: preprocess_token=, or STOKER_PREPROCESS_TOKEN)"
-            ) from None
+            table = fc.do_get(flight.Ticket(req.to_bytes()), options).read_all()
         except flight.FlightServerError as exc:
-            raise _their_error(w.address, str(exc)) from None
+            err = _their_error(w.address, str(exc))
+            if isinstance(err, errors.DatasetError):
+                raise err from None  # the rows' own fault: raised here as it would be
+            raise _SetAside(str(err)) from None
         batches = table.to_batches()
         rows = from_batch(batches[0]) if len(batches) == 1 else {}
         got = rows.get(SAMPLE_ID)
         if got is None or got.tolist() != req.ids:
-            raise PreprocessError(
-                f"preprocessing worker {w.address} answered other rows than those asked "
-                f"({table.num_rows} rows for {len(req.ids)})"
-            )
+            raise _SetAside(f"it answered other rows than those asked ({table.num_rows} rows)")
+        for name, f in self.layout.items():
+            have = rows.get(name)
+            want = self.layout_np[name]
+            if have is None or have.shape[1:] != f.shape or have.dtype != want:
+                said = "none" if have is None else f"{have.dtype} {have.shape[1:]}"
+                raise _SetAside(
+                    f"its rows' field {name!r} is {said}, not {want} {f.shape}: another "
+                    "dataset or stoker"
+                )
         return rows
 
     # -- taking -------------------------------------------------------------------------
@@ -307,7 +389,9 @@ class RemoteReader:
             else:  # the consumer waits on the pool
                 start = time.monotonic()
                 rows = fut.result()
-                registry().pool_waited(time.monotonic() - start)
+                waited = time.monotonic() - start
+                self._waited += waited
+                registry().pool_waited(waited)
             if rows is None:  # no worker could make them: made here
                 start = time.monotonic()
                 rows = self._make_here(chunk_ids)
@@ -330,7 +414,8 @@ class RemoteReader:
             self._warned = True
             where = ", ".join(w.address for w in self._workers) or "none listed"
             if self._coordinator is not None:
-                where = f"coordinator {self._coordinator.address}: {where}"
+                said = self._coordinator_error or where
+                where = f"coordinator {self._coordinator.address}: {said}"
             warnings.warn(
                 f"no preprocessing worker answers ({where}): this process makes the rows "
                 "itself until one does",
@@ -363,10 +448,12 @@ class RemoteReader:
         for _, _, f in self._chunks:
             f.cancel()
         self._chunks.clear()
+        with self._lock:  # (closed first: a request in flight ends now, not at its deadline)
+            clients = [w.client for w in self._workers if w.client is not None]
+        for c in clients:
+            with contextlib.suppress(Exception):
+                c.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for w in self._workers:
-            if w.client is not None:
-                w.client.close()
         if self._coordinator is not None:
             self._coordinator.close()
         if self._local is not None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stoker.errors import ConfigError
+from stoker.records.image import MAX_PIXELS
 
 if TYPE_CHECKING:
     from stoker.records.dataset import RecordDataset
@@ -45,6 +46,7 @@ class WorkSpec:
     hold: str = "blocks"
     short_side: int | None = None
     on_error: str = "raise"
+    dataset_id: str | None = None  # the manifest's: a worker reading another refuses
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -67,7 +69,19 @@ class WorkSpec:
         for name, value in raw.items():
             if not _fits(value, _KINDS[name]):
                 raise ConfigError(f"work spec field {name!r}: {value!r} is not {_KINDS_SAID[name]}")
+            most = _MOST.get(name)
+            if most is not None and value is not None and not 1 <= value <= most:
+                raise ConfigError(f"work spec field {name!r}: {value} is not in [1, {most}]")
         return cls(**raw)
+
+    def check(self, ds: RecordDataset) -> None:
+        """``ds`` (made from this spec here) is the dataset the trainer reads."""
+        got = ds.source.manifest.dataset_id
+        if self.dataset_id is not None and got != self.dataset_id:
+            raise ConfigError(
+                f"{self.url} is dataset {got} here, {self.dataset_id} at the trainer: this "
+                "worker reads another dataset at that URL"
+            )
 
     @classmethod
     def of(cls, ds: RecordDataset) -> WorkSpec:
@@ -78,10 +92,11 @@ class WorkSpec:
                 f"decode={ds.decode!r} runs on this machine's GPU: a preprocessing worker "
                 "decodes on its CPU (decode=True, or False for the stored bytes)"
             )
-        made_here = {f.name for f in dataclasses.fields(cls)} - {"url", "transform"}
+        made_here = {f.name for f in dataclasses.fields(cls)} - {"url", "transform", "dataset_id"}
         return cls(
             url=ds.source.url,
             transform=None if ds.transform is None else transform_path(ds.transform),
+            dataset_id=ds.source.manifest.dataset_id,
             **{name: getattr(ds, name) for name in made_here},
         )
 
@@ -92,6 +107,7 @@ class WorkSpec:
 
         kw = dataclasses.asdict(self)
         url, transform = kw.pop("url"), kw.pop("transform")
+        del kw["dataset_id"]  # (checked once made: :meth:`check`)
         if kw["max_pixels"] is None:
             del kw["max_pixels"]  # (the dataset's default)
         return RecordDataset(
@@ -117,6 +133,15 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "hold": (str,),
     "short_side": (int, type(None)),
     "on_error": (str,),
+    "dataset_id": (str, type(None)),
+}
+#: The largest value a request may ask of each size (what a worker would allocate, or
+#: let an image's header claim: a request may lower the pixel bound, not raise it).
+_MOST = {
+    "image_size": 4096,
+    "short_side": 8192,
+    "max_bytes": 64 << 20,
+    "max_pixels": MAX_PIXELS,
 }
 _KINDS_SAID = {
     k: " or ".join("null" if t is type(None) else t.__name__ for t in v) for k, v in _KINDS.items()

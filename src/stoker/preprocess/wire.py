@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from stoker import __version__
 from stoker.errors import ProtocolError
 from stoker.preprocess.spec import WorkSpec
 
@@ -23,6 +24,8 @@ _META = b"stoker.fields"
 #: What a worker's error message begins with: the error as JSON follows (its kind,
 #: message and fields, :func:`stoker.errors.encode`).
 ERROR = "stoker-error:"
+#: Rows a request asks for at most (and ids it names ahead).
+MOST_ROWS = 4096
 
 
 def to_batch(arrays: dict[str, np.ndarray]) -> pa.RecordBatch:
@@ -77,6 +80,7 @@ class Request:
     ahead: list[int]
     stream: str
     epochs: list[int] | None = None
+    version: str = __version__  # the trainer's stoker: a worker of another refuses
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -87,6 +91,7 @@ class Request:
                 "ahead": self.ahead,
                 "stream": self.stream,
                 "epochs": self.epochs,
+                "version": self.version,
             }
         ).encode()
 
@@ -104,6 +109,7 @@ class Request:
                 [int(i) for i in raw.get("ahead") or []],
                 str(raw["stream"]),
                 None if raw.get("epochs") is None else [int(e) for e in raw["epochs"]],
+                str(raw.get("version", "")),
             )
         except ConfigError:
             raise
@@ -111,4 +117,9 @@ class Request:
             raise ConfigError(f"a malformed preprocessing request: {exc!r}") from None
         if req.epochs is not None and len(req.epochs) != len(req.ids):
             raise ConfigError("a preprocessing request's epochs are not one a row")
+        if not 0 < len(req.ids) <= MOST_ROWS or len(req.ahead) > MOST_ROWS:
+            raise ConfigError(
+                f"a preprocessing request asks for {len(req.ids)} rows ({len(req.ahead)} "
+                f"ahead): 1 to {MOST_ROWS} of each"
+            )
         return req

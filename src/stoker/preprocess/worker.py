@@ -21,17 +21,19 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import secrets
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from stoker import errors
-from stoker.errors import ConfigError
+from stoker import __version__, errors
+from stoker.errors import ConfigError, PreprocessError
 from stoker.loader.batch import SAMPLE_ID
 from stoker.preprocess.wire import ERROR as _ERROR
 from stoker.preprocess.wire import Request, to_batch
@@ -40,6 +42,8 @@ log = logging.getLogger("stoker.preprocess")
 
 #: Trainer streams a worker keeps a reader for at most (each holds its blocks ahead).
 READERS = 16
+#: Datasets (specs) a worker keeps open at most.
+DATASETS = 8
 
 
 class _Auth(flight.ServerMiddlewareFactory):  # type: ignore[misc]
@@ -53,19 +57,28 @@ class _Auth(flight.ServerMiddlewareFactory):  # type: ignore[misc]
 
 
 class _Stream:
-    """One trainer stream's reader, and the lock its requests take turns on."""
+    """One trainer stream's reader, and the lock its requests take turns on (an evicted
+    stream's reader is closed under it, so never while a request uses it)."""
 
     def __init__(self, reader: Any) -> None:
         self.reader = reader
         self.lock = threading.Lock()
+        self.closed = False
         self.planned: np.ndarray = np.zeros(0, dtype=np.int64)  # ids from the next on
 
-    def make(self, req: Request, layout: Any) -> dict[str, np.ndarray]:
+    def make(self, req: Request, layout: Any) -> dict[str, np.ndarray] | None:
+        """The rows of ``req``; None when this stream was evicted meanwhile (ask again)."""
         ids = np.asarray(req.ids, dtype=np.int64)
         n = len(ids)
         with self.lock:
+            if self.closed:
+                return None
             try:
-                if self.planned[:n].tobytes() != ids.tobytes():
+                # planned again when these are not what comes next (requests of a stream
+                # go to several workers) or the plan runs short of what the trainer named
+                # ahead (a block held stays held while the new plan uses it)
+                fresh = self.planned[:n].tobytes() != ids.tobytes()
+                if fresh or len(self.planned) - n < len(req.ahead) // 2:
                     self.planned = np.concatenate([ids, np.asarray(req.ahead, dtype=np.int64)])
                     self.reader.plan(self.planned)
                 out = layout.allocate(n)
@@ -79,6 +92,11 @@ class _Stream:
             self.planned = self.planned[n:]
             out[SAMPLE_ID][...] = ids  # (the trainer checks the answer is its rows)
             return out  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.reader.close()
 
 
 class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
@@ -109,31 +127,62 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
         self.address = f"{host or '127.0.0.1'}:{self.port}"
         self.local = dict(local or {"agent": False})
         self._streams: OrderedDict[tuple[str, str, int], _Stream] = OrderedDict()
-        self._datasets: dict[str, Any] = {}
+        # datasets by spec, the least recently used let go past DATASETS; each made once,
+        # outside the worker's lock (its manifest read: one slow URL holds up no other)
+        self._datasets: OrderedDict[str, Future[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.rows = 0  # rows made (tests, metrics)
 
-    def _stream(self, req: Request) -> tuple[_Stream, Any]:
+    def _dataset(self, req: Request) -> Any:
         spec = req.spec.to_json()
-        key = (req.stream, spec, req.epoch)
         with self._lock:
-            ds = self._datasets.get(spec)
-            if ds is None:
-                ds = self._datasets[spec] = req.spec.dataset(**self.local)
+            fut = self._datasets.get(spec)
+            mine = fut is None
+            if fut is None:
+                fut = self._datasets[spec] = Future()
+                while len(self._datasets) > DATASETS:
+                    self._datasets.popitem(last=False)
+            self._datasets.move_to_end(spec)
+        if mine:
+            try:
+                ds = req.spec.dataset(**self.local)
+                req.spec.check(ds)
+            except BaseException as exc:
+                with self._lock:
+                    self._datasets.pop(spec, None)  # (made again by the next request)
+                fut.set_exception(exc)
+                raise
+            fut.set_result(ds)
+        return fut.result()
+
+    def _stream(self, req: Request, ds: Any) -> _Stream:
+        key = (req.stream, req.spec.to_json(), req.epoch)
+        evicted = []
+        with self._lock:
             got = self._streams.get(key)
             if got is None:
-                got = self._streams[key] = _Stream(ds.open_reader(req.epoch))
+                # (decoding on every core: a worker's cores are for its trainers' rows)
+                reader = ds.open_reader(req.epoch, decoding=os.cpu_count() or 1)
+                got = self._streams[key] = _Stream(reader)
                 while len(self._streams) > READERS:
-                    _, old = self._streams.popitem(last=False)
-                    old.reader.close()
+                    evicted.append(self._streams.popitem(last=False)[1])
             self._streams.move_to_end(key)
-            return got, ds
+        for old in evicted:  # (under its own lock: after a request using it is done)
+            old.close()
+        return got
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.RecordBatchStream:
         try:
             req = Request.from_bytes(ticket.ticket)
-            stream, ds = self._stream(req)
-            out = stream.make(req, ds.layout)
+            if req.version != __version__:
+                raise PreprocessError(
+                    f"this worker runs stoker {__version__}, the trainer {req.version}: "
+                    "the rows could differ"
+                )
+            ds = self._dataset(req)
+            out = None
+            while out is None:  # (a stream evicted under the request: a fresh one)
+                out = self._stream(req, ds).make(req, ds.layout)
         except Exception as exc:  # the trainer raises it again, as its own kind
             kind, message, fields = errors.encode(exc)
             text = json.dumps({"kind": kind, "message": message, "fields": fields})
@@ -145,9 +194,10 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
     def shutdown(self) -> None:
         super().shutdown()
         with self._lock:
-            for s in self._streams.values():
-                s.reader.close()
+            streams = list(self._streams.values())
             self._streams.clear()
+        for s in streams:
+            s.close()
 
 
 class Offers(threading.Thread):
