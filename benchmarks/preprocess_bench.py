@@ -11,13 +11,17 @@ the measurement and stopped with SIGTERM after it. A count of workers that needs
 cores than this process may use is skipped and said so; on a larger machine the same
 command measures it. The configurations are interleaved round by round.
 
-Each measurement also gives: the time the trainer's ``fill()`` blocks per batch and the
-time each chunk request to a worker takes (timed around the request, on the trainer's
-request threads); the rows' bytes received per image; the trainer's (and each worker's)
-CPU seconds per image. Each round with a worker also has a latency probe (a fresh process
-again): chunks of the same rows made one at a time, in turn here and by one idle worker.
+Each configuration is read twice: as fast as the trainer takes batches, and with a
+training step after each batch (``--step-ms``, a sleep: a GPU's step takes no CPU
+here). Each measurement also gives: the time the trainer's ``fill()`` blocks per batch
+and the time each chunk request to a worker takes (timed around the request, on the
+trainer's request threads); the rows' bytes received per image; the trainer's and each
+worker's CPU seconds and bytes read from the block files per image (/proc). Each round
+with a worker also has a latency probe (a fresh process again): chunks of the same rows
+made one at a time, in turn here and by one idle worker.
 
     python benchmarks/preprocess_bench.py [--quick] [--rounds 3] [--images 8192]
+                                          [--step-ms 100]
 
 writes ``benchmarks/.work/preprocess/results[-quick].json`` and docs/benchmarks.md's
 "Preprocessing pool" section (not with ``--quick``).
@@ -50,6 +54,9 @@ TARGET = 0.8  # speed-up over k workers / k, at least
 STEP_IMAGES_S = 2500.0  # a ResNet-50 training step's images/s on one GPU
 FIELD_CORES, FIELD_TRAINERS = 16, 50  # "one 16-core preprocessing node feeds ~50 trainers"
 PROBE_CHUNKS = 40  # chunks of the latency probe, after 4 of warm-up
+# the stepped reads' training step, ms a batch of 64 (640 images/s: about one worker's rate
+# on a 2-core EPYC, so there the step and a worker are matched)
+STEP_MS = 100.0
 sys.path.insert(0, str(BENCH))
 
 
@@ -445,8 +452,8 @@ def main() -> int:
     ap.add_argument(
         "--step-ms",
         type=float,
-        default=50.0,
-        help="the training step of the stepped measurements, ms a batch (default 50)",
+        default=STEP_MS,
+        help=f"the training step of the stepped measurements, ms a batch (default {STEP_MS:g})",
     )
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -460,7 +467,7 @@ def main() -> int:
 
     import stoker
 
-    t_start = time.perf_counter()
+    t_start, commit = time.perf_counter(), git_info()
     rounds = args.rounds or (1 if args.quick else 3)
     images = args.images or (512 if args.quick else 8192)
     _, records = corpus(args.quick)
@@ -476,7 +483,7 @@ def main() -> int:
     got = run_rounds(str(records), rounds, images, counts, cores, args.step_ms / 1e3)
     out = {
         "machine": platform_info(),
-        "commit": git_info(),
+        "commit": _commit(commit, git_info()),
         "command": "python benchmarks/preprocess_bench.py" + _args_said(args),
         "images": images,
         "rounds": rounds,
@@ -497,10 +504,15 @@ def main() -> int:
     return 0
 
 
+def _commit(start: str | None, end: str | None) -> str | None:
+    """The commit measured; both when the checkout changed during the run."""
+    return start if start == end else f"{start} at the start, {end} at the end"
+
+
 def _args_said(args: argparse.Namespace) -> str:
     said = " --quick" if args.quick else ""
     said += f" --rounds {args.rounds}" if args.rounds else ""
-    said += f" --step-ms {args.step_ms:g}" if args.step_ms != 50.0 else ""
+    said += f" --step-ms {args.step_ms:g}" if args.step_ms != STEP_MS else ""
     return said + (f" --images {args.images}" if args.images else "")
 
 
@@ -606,9 +618,9 @@ def scaling(res: dict[str, Any]) -> str:
         top = 1 / statistics.median(cpu)
         text.append(
             f"With workers the trainer spends {statistics.median(cpu) * 1e6:.0f} µs of CPU an "
-            f"image (receiving the rows and copying them into the batch), so its one core "
-            f"would take at most about {top:.0f} images/s before it is the limit: an "
-            "estimate, not a measurement of more workers."
+            f"image (receiving the rows, copying them into the batch, the loader's own work), "
+            f"so its one core would take at most about {top:.0f} images/s before it is the "
+            "limit: an estimate, not a measurement of more workers."
         )
     return " ".join(text)
 
@@ -627,16 +639,29 @@ def stepped(res: dict[str, Any]) -> str:
         [
             f"With a training step: the same reads, the trainer sleeping {step:.0f} ms after "
             f"each batch (a GPU's step, which takes no CPU here: at most "
-            f"{BATCH / res['step_s']:,.0f} images/s). Overlapped: the images/s were the rows "
+            f"{BATCH / res['step_s']:,.0f} images/s). Overlapped: the images/s if the rows were "
             "made during the step (with workers, the lesser of the step's rate and the rate "
             "without a step; with none, TokenLoader(ds, 0) makes a batch between two steps, "
-            "so a batch's making plus the step).",
+            "so a batch's making plus the step). " + _depth(),
             "",
             f"| workers | images/s with a {step:.0f} ms step (median) | per round | overlapped "
             "| / overlapped | fill() blocks per batch (median / p95) |",
             "|---|---|---|---|---|---|",
             *rows,
         ]
+    )
+
+
+def _depth() -> str:
+    """How far ahead a trainer's reader asks its workers (the client's constants)."""
+    from stoker.preprocess.client import CHUNK, INFLIGHT
+
+    return (
+        f"A trainer's reader asks each worker for at most {INFLIGHT} chunks of {CHUNK} rows "
+        "ahead of the rows it has taken (`CHUNK`, `INFLIGHT` in src/stoker/preprocess/"
+        f"client.py), {INFLIGHT * CHUNK} rows, and asks again only as fill() takes rows; "
+        "TokenLoader(ds, 0) calls fill() in the training loop's thread, so during a step a "
+        f"worker makes at most {INFLIGHT * CHUNK} rows of the next batch of {BATCH}."
     )
 
 
@@ -673,7 +698,10 @@ def reads(res: dict[str, Any]) -> str:
         "image; rchar of /proc/PID/io, as stoker reads local block files with pread, after "
         "the warm-up batch; a worker's sampled every 0.1 s): "
         + " and ".join(said)
-        + ". Above 1x, blocks are fetched again within the pass."
+        + ". Above 1x, blocks are fetched again within the pass. A worker plans its reader "
+        "for a request's rows and the ids the trainer names after them (the request's "
+        "`ahead`, `AHEAD` in src/stoker/preprocess/client.py; src/stoker/preprocess/worker.py, "
+        "`_Stream.make`): a block is kept while that plan uses it."
     )
 
 
@@ -685,6 +713,8 @@ def latency(res: dict[str, Any]) -> str:
     asked = statistics.median(x["request_s"]["median"] for x in p) * 1e3
     asked95 = statistics.median(x["request_s"]["p95"] for x in p) * 1e3
     chunk = p[0]["chunk"]
+    from stoker.preprocess.client import INFLIGHT as inflight
+
     return (
         f"Latency a worker adds (the probe: {PROBE_CHUNKS} chunks of {chunk} consecutive rows "
         "a round, made one at a time and in turn by the trainer's own reader, timed around "
@@ -693,9 +723,9 @@ def latency(res: dict[str, Any]) -> str:
         f"unpacking): {local:.1f} ms for a chunk made here against {asked:.1f} ms asked of "
         f"the worker (p95 {asked95:.1f} ms), so {asked - local:+.1f} ms a chunk, "
         f"{(asked - local) / chunk * 1e3:+.0f} µs a row. In the table, a chunk request is "
-        f"timed the same way while reading at full speed (each worker has "
-        "two chunks in flight and makes one trainer's chunks one after the other, so a "
-        "request waits for the one before it), and fill() blocks is how long the training "
+        "timed the same way while reading at full speed (each worker has up to "
+        f"{inflight} chunks in flight and makes one trainer's chunks one after the other, so "
+        "a request waits for those before it), and fill() blocks is how long the training "
         f"loop waited for each batch of {BATCH}."
     )
 
@@ -706,26 +736,39 @@ def cores_needed(res: dict[str, Any]) -> str:
         return "Cores needed: no worker was measured."
     k, rate = max(per_core.items(), key=lambda x: int(x[0]))
     busy = 1 / res["worker_cpu_s_per_image"]
-    need = STEP_IMAGES_S / rate
+    text = [
+        f"Cores needed: with {k} worker{'s' * (k != '1')} a worker core made {rate:.0f} "
+        f"images/s (its CPU time per image after the warm-up batch says {busy:.0f} images/s "
+        f"a fully busy core; it was busy {res['worker_busy']:.2f} of the time)."
+    ]
+    text.append(_feeds(rate, "At that rate"))
+    local = res["median_images_s"].get("0")
+    if local:
+        text.append(_feeds(local, f"At the rate a trainer makes its own rows ({local:.0f} a core)"))
     fed = FIELD_CORES * rate / FIELD_TRAINERS
-    return (
-        f"Cores needed: with {k} worker{'s' * (k != '1')} a worker core made {rate:.0f} images/s "
-        f"(its CPU time per image after the warm-up batch says {busy:.0f} images/s a fully "
-        f"busy core; its core was busy {res['worker_busy']:.2f} of the time). A "
-        f"trainer whose step takes {STEP_IMAGES_S:,.0f} images/s (ResNet-50 on one GPU) "
-        f"then needs {need:.1f} preprocessing cores, and a {FIELD_CORES}-core node feeds "
-        f"{FIELD_CORES / need:.1f} such trainers. The field figure, one {FIELD_CORES}-core "
-        f"preprocessing node for about {FIELD_TRAINERS} training workers, gives each "
-        f"{FIELD_CORES / FIELD_TRAINERS:.2f} cores, {fed:.0f} images/s at our per-core rate: "
-        + (
-            "it holds for trainers of that rate or slower, not for one at "
-            f"{STEP_IMAGES_S:,.0f} images/s."
-            if fed < STEP_IMAGES_S
-            else f"enough for {STEP_IMAGES_S:,.0f} images/s."
-        )
-        + " This corpus's JPEGs are about a quarter of ImageNet's bytes at similar sizes "
+    text.append(
+        f"The field figure, one {FIELD_CORES}-core preprocessing node for about "
+        f"{FIELD_TRAINERS} training workers, gives each {FIELD_CORES / FIELD_TRAINERS:.2f} "
+        f"cores, {fed:.0f} images/s at a worker core's measured rate"
+        + (f" ({FIELD_CORES * local / FIELD_TRAINERS:.0f} at the trainer's own)" if local else "")
+        + ": it holds for training workers that consume that much, not for one at "
+        f"{STEP_IMAGES_S:,.0f} images/s."
+    )
+    text.append(
+        "This corpus's JPEGs are about a quarter of ImageNet's bytes at similar sizes "
         "(benchmarks/image_corpus.py), so an ImageNet image costs a core more than here and "
         "these counts of cores are a floor."
+    )
+    return " ".join(text)
+
+
+def _feeds(rate: float, at: str) -> str:
+    """What ``rate`` images/s a core comes to for a trainer of :data:`STEP_IMAGES_S`."""
+    need = STEP_IMAGES_S / rate
+    return (
+        f"{at}, a trainer consuming {STEP_IMAGES_S:,.0f} images/s (a ResNet-50 step on one "
+        f"GPU) needs {need:.1f} preprocessing cores, and a {FIELD_CORES}-core node feeds "
+        f"{FIELD_CORES / need:.1f} such trainers."
     )
 
 
