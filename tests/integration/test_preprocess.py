@@ -253,6 +253,42 @@ def test_a_worker_that_reads_another_dataset_at_the_url_is_set_aside(
     assert reader.made_by[w.address] == 0
 
 
+@pytest.mark.parametrize("allowed", ["dataset", "transform"])
+def test_a_worker_serves_only_the_datasets_and_transforms_it_was_told_to(
+    images: Path, allowed: str
+) -> None:
+    url = WorkSpec.of(dataset(images, transform=seeded_flip)).url  # (what a request names)
+    module = __name__
+    ok = PreprocessWorker(token="t", datasets=[url[: len(url) // 2]], transforms=[module])
+    narrow = (
+        PreprocessWorker(token="t", datasets=["s3://elsewhere/"])
+        if allowed == "dataset"
+        else PreprocessWorker(token="t", transforms=["json"])
+    )
+    ids = np.arange(16)
+    try:
+        got = {}
+        for w in (ok, narrow):
+            remote = dataset(images, transform=seeded_flip, preprocess=pool([w.address]),
+                             preprocess_token="t")  # fmt: skip
+            reader = remote.open_reader(0)
+            reader.plan(ids)
+            out = remote.layout.allocate(16)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                reader.fill(ids, out)
+            reader.close()
+            got[w.address] = (reader.made_by[w.address], [str(x.message) for x in seen])
+    finally:
+        ok.shutdown()
+        narrow.shutdown()
+    assert got[ok.address] == (16, [])
+    made, said = got[narrow.address]
+    assert made == 0  # (made here instead)
+    why = "serves no dataset" if allowed == "dataset" else "runs no transform"
+    assert any(f"worker {narrow.address} is left alone" in x and why in x for x in said), said
+
+
 def test_a_worker_killed_mid_epoch_loses_nothing_and_none_left_falls_back(
     images: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

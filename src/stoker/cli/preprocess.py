@@ -33,6 +33,20 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "(default: the bound one; needed when binding 0.0.0.0)",
     )
     ap.add_argument(
+        "--dataset",
+        action="append",
+        metavar="URL_PREFIX",
+        help="serve only datasets under this URL prefix (repeat for several; default: any "
+        "dataset this worker's credentials reach)",
+    )
+    ap.add_argument(
+        "--transform",
+        action="append",
+        metavar="MODULE",
+        help="run only user transforms from this package or module (repeat for several; "
+        "default: any installed here)",
+    )
+    ap.add_argument(
         "--cache-dir",
         help="read the datasets through this machine's node agent on DIR (default: no agent, "
         "each block read from storage)",
@@ -63,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             "they reach"
         )
     local = {"cache_dir": args.cache_dir} if args.cache_dir else {"agent": False}
-    worker = PreprocessWorker(args.bind, token, local)
+    worker = PreprocessWorker(args.bind, token, local, args.dataset, args.transform)
     token_file = None
     if worker.generated:
         try:

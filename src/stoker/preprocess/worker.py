@@ -102,13 +102,18 @@ class _Stream:
 class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
     """The Flight server. ``token`` None: off loopback a :class:`ConfigError`, on loopback
     one is drawn (:attr:`token`). ``local``: this machine's settings for the datasets it
-    makes (``storage_options``, ``agent``, ``cache_dir``)."""
+    makes (``storage_options``, ``agent``, ``cache_dir``). ``datasets`` and
+    ``transforms``: the URL prefixes a request may name a dataset under and the module
+    prefixes (``package`` or ``package.module``) its transform may come from (None: any
+    the worker can reach or has installed)."""
 
     def __init__(
         self,
         bind: str = "127.0.0.1:0",
         token: str | None = None,
         local: dict[str, Any] | None = None,
+        datasets: list[str] | None = None,
+        transforms: list[str] | None = None,
     ) -> None:
         from stoker.coordinator.server import is_loopback
 
@@ -126,6 +131,7 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
         )
         self.address = f"{host or '127.0.0.1'}:{self.port}"
         self.local = dict(local or {"agent": False})
+        self.datasets, self.transforms = datasets, transforms
         self._streams: OrderedDict[tuple[str, str, int], _Stream] = OrderedDict()
         # datasets by spec, the least recently used let go past DATASETS; each made once,
         # outside the worker's lock (its manifest read: one slow URL holds up no other)
@@ -145,6 +151,7 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
             self._datasets.move_to_end(spec)
         if mine:
             try:
+                self._allowed(req)
                 ds = req.spec.dataset(**self.local)
                 req.spec.check(ds)
             except BaseException as exc:
@@ -154,6 +161,16 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
                 raise
             fut.set_result(ds)
         return fut.result()
+
+    def _allowed(self, req: Request) -> None:
+        """The request names a dataset and a transform this worker was told to serve."""
+        url, fn = req.spec.url, req.spec.transform
+        if self.datasets is not None and not any(url.startswith(p) for p in self.datasets):
+            raise ConfigError(f"this worker serves no dataset at {url} (its --dataset prefixes)")
+        if fn is not None and self.transforms is not None:
+            module = fn.partition(":")[0]
+            if not any(module == m or module.startswith(m + ".") for m in self.transforms):
+                raise ConfigError(f"this worker runs no transform of {module} (its --transform)")
 
     def _stream(self, req: Request, ds: Any) -> _Stream:
         key = (req.stream, req.spec.to_json(), req.epoch)
