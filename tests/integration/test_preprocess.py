@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ from stoker.preprocess.spec import WorkSpec
 from stoker.preprocess.worker import PreprocessWorker
 
 from .helpers import one_rank, photo_jpeg, photo_records, same_batches  # noqa: F401 (one_rank: a fixture)
+from .test_agent import Agents
 
 N, B, SIZE = 96, 8, 32
 TESTS = str(Path(__file__).resolve().parents[1])  # (what a worker imports a transform from)
@@ -35,12 +37,19 @@ TESTS = str(Path(__file__).resolve().parents[1])  # (what a worker imports a tra
 pytestmark = pytest.mark.usefixtures("one_rank")
 
 
+@pytest.fixture
+def agents() -> Iterator[Agents]:
+    a = Agents()
+    yield a
+    a.close()
+
+
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return photo_records(tmp_path_factory.mktemp("pool") / "ds", N, 4, (40, 120), (5, 7), 20_000)
 
 
-def dataset(root: Path, **kw: object) -> stoker.RecordDataset:
+def dataset(root: Path | str, **kw: object) -> stoker.RecordDataset:
     kw.setdefault("batch_size", B)
     kw.setdefault("image_size", SIZE)
     return stoker.RecordDataset(str(root), seed=5, **kw)  # type: ignore[arg-type]
@@ -583,3 +592,24 @@ def test_a_coordinator_restart_loses_the_pool_nothing(
     mine.close()
     assert np.array_equal(got["image"], want["image"])
     assert made == {ws[0][0]: N}  # (no fallback: every row the worker's)
+
+
+def test_a_worker_reads_through_its_nodes_agent(
+    serve_dir, images: Path, tmp_path: Path, agents: Agents
+) -> None:
+    """From a real origin (nginx), a worker given --cache-dir reads through the agent on
+    it: two epochs fetch each block once, and the rows are the trainer's own."""
+    origin, url = serve_dir(images)
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    loader = stoker.TokenLoader(dataset(url), 0)
+    local = [list(loader), list(loader)]
+    origin.clear_access_log()
+    with workers(1, "--cache-dir", str(cache)) as ws:
+        remote = stoker.TokenLoader(dataset(url, preprocess=pool([ws[0][0]])), 0)
+        got = [list(remote), list(remote)]
+    assert same_batches(got[0], local[0]) and same_batches(got[1], local[1])
+    blocks = stoker.RecordSource(str(images)).num_blocks
+    requests = Counter(r.path for r in origin.access_log() if "/data/" in r.path)
+    assert sum(requests.values()) == blocks  # once each, for both epochs
+    assert agents.stats(cache)["memory_blocks"] == blocks
