@@ -6,12 +6,18 @@ so the loader's pass, its leases and its confirms are the same whoever makes the
 a batch reaches training exactly once because the trainer confirms it, not because a
 worker did its part. The plan is cut into chunks, each asked of the worker that would
 answer it first at its own pace (the seconds a row took it, times the chunks it has in
-flight, plus one): a slow worker, or one on a slow link, is asked less; as many chunks
-ahead as ``inflight`` a worker. A worker that cannot be
-reached is left alone for a while and its chunk asked of another; with none left the
-rows are made here, by the dataset's own reader, with one warning. A worker that made
-the rows and found them bad (a broken image) says why, and that error is raised here
-as its own kind, naming the row and the file.
+flight, plus one): a slow worker, or one on a slow link, is asked less. A worker not
+measured yet gets one request at a time, the others up to ``inflight``; a request names
+the ids after its own (``AHEAD``), so that the worker's reader keeps the blocks its
+later rows need. The workers are the ones named, or those the coordinator lists (asked
+every few seconds: a worker added mid-epoch is asked from then on).
+
+A worker that cannot be reached is left alone for a while and its chunk asked of
+another; one that answers but cannot make the rows (another stoker, another dataset
+at the URL, a transform it cannot import, rows of the wrong shape) likewise, after a
+warning naming it. With none left the rows are made here, by the dataset's own reader,
+after one warning. A worker that made the rows and found them bad (a broken image)
+says why, and that error is raised here as its own kind, naming the row and the file.
 """
 
 from __future__ import annotations
