@@ -97,7 +97,8 @@ class Worker:
 
 def start_worker(core: int, log: Path) -> Worker:
     """A ``stoker preprocess-worker`` on loopback pinned to ``core``, once it serves."""
-    cmd = ["taskset", "-c", str(core), sys.executable, "-m", "stoker", "preprocess-worker"]
+    cmd = ["taskset", "-c", str(core), sys.executable, "-m", "stoker", "preprocess-worker",
+           "--metrics-port", "-1"]  # fmt: skip
     err = log.open("w")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     err.close()
@@ -110,7 +111,7 @@ def start_worker(core: int, log: Path) -> Worker:
         except queue.Empty:
             break
         if "serving" in line:
-            w = Worker(proc, line.rsplit(" ", 1)[1].strip())
+            w = Worker(proc, line.split("serving ")[1].split()[0])
             w.sampler = threading.Thread(target=w.sample, daemon=True)
             w.sampler.start()
             return w

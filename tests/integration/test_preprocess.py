@@ -64,13 +64,17 @@ def seeded_flip(image: object, rng: np.random.Generator) -> np.ndarray:
     return a[:, ::-1] if rng.random() < 0.5 else a
 
 
+#: Each worker process's metrics endpoint, by pid (its /metrics: HOST:PORT).
+metrics: dict[int, str] = {}
+
+
 @contextmanager
 def workers(n: int, *extra: str) -> Iterator[list[tuple[str, subprocess.Popen[str]]]]:
     """``n`` worker processes on loopback, each with the address it serves."""
     env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "stoker", "preprocess-worker", *extra],
+            [sys.executable, "-m", "stoker", "preprocess-worker", "--metrics-port", "0", *extra],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -82,8 +86,9 @@ def workers(n: int, *extra: str) -> Iterator[list[tuple[str, subprocess.Popen[st
         for p in procs:
             assert p.stdout is not None
             for line in p.stdout:
-                if "serving" in line:
-                    got.append((line.split("serving ")[1].strip(), p))
+                if "serving" in line:  # "serving HOST:PORT (metrics on HOST:PORT)"
+                    got.append((line.split("serving ")[1].split()[0], p))
+                    metrics[p.pid] = line.split("metrics on ")[1].split(")")[0]
                     break
             else:
                 raise AssertionError(f"worker {p.pid} ended before serving")
@@ -149,6 +154,25 @@ def test_the_pool_s_rows_and_waits_are_counted_by_worker(images: Path) -> None:
     # (each pass's first fill waits: its first request was sent as the pass planned)
     wait = "stoker_preprocess_wait_seconds_total/"
     assert after[wait] > before.get(wait, 0.0)
+
+
+def test_a_worker_s_own_metrics_count_what_it_made(images: Path) -> None:
+    import urllib.request
+
+    with workers(1) as ws:
+        list(stoker.TokenLoader(dataset(images, preprocess=pool([ws[0][0]])), 0))
+        url = f"http://{metrics[ws[0][1].pid]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+    got = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("stoker_preprocess_worker_")
+    }
+    assert got["stoker_preprocess_worker_rows_total"] == N
+    assert got["stoker_preprocess_worker_busy_seconds_total"] > 0
+    assert got["stoker_preprocess_worker_refused_total"] == 0
+    assert got["stoker_preprocess_worker_streams"] == 1
 
 
 def test_the_plain_recipe_and_an_epoch_after_the_first_match_too(images: Path) -> None:

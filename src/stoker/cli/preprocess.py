@@ -47,6 +47,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "default: any installed here)",
     )
     ap.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9410,
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (default 9410; 0: any free "
+        "port; -1: none)",
+    )
+    ap.add_argument(
         "--cache-dir",
         help="read the datasets through this machine's node agent on DIR (default: no agent, "
         "each block read from storage)",
@@ -95,7 +102,15 @@ def run(args: argparse.Namespace) -> int:
 
         offers = Offers(worker, args.coordinator, args.advertise or worker.address)
         offers.start()
-    print(f"stoker preprocess-worker: serving {worker.address}", flush=True)
+    metrics = ""
+    if args.metrics_port >= 0:
+        from stoker.observe.serving import serve
+        from stoker.preprocess.worker import WorkerCollector
+
+        port = serve(args.metrics_port, extra=[WorkerCollector(worker)], role="preprocess")
+        if port is not None:
+            metrics = f" (metrics on 127.0.0.1:{port})"
+    print(f"stoker preprocess-worker: serving {worker.address}{metrics}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:

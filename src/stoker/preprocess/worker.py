@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
@@ -138,6 +139,9 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
         self._datasets: OrderedDict[str, Future[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.rows = 0  # rows made (tests, metrics)
+        self.requests = 0  # requests answered with rows
+        self.refused = 0  # requests answered with an error
+        self.busy = 0.0  # seconds spent making rows
 
     def _dataset(self, req: Request) -> Any:
         spec = req.spec.to_json()
@@ -189,6 +193,7 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
         return got
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.RecordBatchStream:
+        start = time.monotonic()
         try:
             req = Request.from_bytes(ticket.ticket)
             if req.version != __version__:
@@ -201,12 +206,27 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
             while out is None:  # (a stream evicted under the request: a fresh one)
                 out = self._stream(req, ds).make(req, ds.layout)
         except Exception as exc:  # the trainer raises it again, as its own kind
+            with self._lock:
+                self.refused += 1
             kind, message, fields = errors.encode(exc)
             text = json.dumps({"kind": kind, "message": message, "fields": fields})
             raise flight.FlightServerError(_ERROR + text) from None
         with self._lock:
             self.rows += len(req.ids)
+            self.requests += 1
+            self.busy += time.monotonic() - start
         return flight.RecordBatchStream(pa.Table.from_batches([to_batch(out)]))
+
+    def figures(self) -> dict[str, float]:
+        """What it did so far (its metrics)."""
+        with self._lock:
+            return {
+                "rows": self.rows,
+                "requests": self.requests,
+                "refused": self.refused,
+                "busy_seconds": self.busy,
+                "streams": len(self._streams),
+            }
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -257,3 +277,25 @@ class Offers(threading.Thread):
         except errors.StokerError:
             pass  # (it forgets the worker after the timeout anyway)
         self.client.close()
+
+
+class WorkerCollector:
+    """The Prometheus view of a preprocessing worker (``stoker_preprocess_worker_*``)."""
+
+    def __init__(self, worker: PreprocessWorker) -> None:
+        self.worker = worker
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        f = self.worker.figures()
+        for name, what in (("rows", "Rows made for trainers"),
+                           ("requests", "Requests answered with rows"),
+                           ("refused", "Requests answered with an error"),
+                           ("busy_seconds", "Seconds spent making rows")):  # fmt: skip
+            yield CounterMetricFamily(f"stoker_preprocess_worker_{name}", what, value=f[name])
+        yield GaugeMetricFamily(
+            "stoker_preprocess_worker_streams",
+            "Trainer streams the worker keeps a reader for",
+            value=f["streams"],
+        )
