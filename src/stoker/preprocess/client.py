@@ -215,15 +215,21 @@ class RemoteReader:
         """Workers not known yet join (those known keep their pace and counts); with
         ``only``, those not listed leave (their requests in flight finish)."""
         listed = set(addresses)
+        gone: list[_Worker] = []
         with self._lock:
             if only:
-                self._workers = [w for w in self._workers if w.here or w.address in listed]
+                gone = [w for w in self._workers if not w.here and w.address not in listed]
+                self._workers = [w for w in self._workers if w not in gone]
             known = {w.address for w in self._workers}
             for a in addresses:
                 if a not in known:
                     token = self._token or runtime.read_token(a, "preprocess")
                     self._workers.append(_Worker(a, token))
                     known.add(a)
+        for w in gone:  # a worker no longer listed: its connection goes (unless in use)
+            if w.client is not None and not w.inflight:
+                with contextlib.suppress(Exception):
+                    w.client.close()
 
     def _refresh(self) -> None:
         """Ask the coordinator for the workers up, every few seconds, saying what this
