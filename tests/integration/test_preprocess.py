@@ -103,6 +103,16 @@ def workers(n: int, *extra: str) -> Iterator[list[tuple[str, subprocess.Popen[st
                 p.stdout.close()
 
 
+def made_here(images: Path, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows of ``ids`` (epoch 0) as the trainer makes them itself."""
+    mine = dataset(images).open_reader(0)
+    want = mine.layout.allocate(len(ids))
+    mine.plan(ids)
+    mine.fill(ids, want)
+    mine.close()
+    return want
+
+
 def pool(addresses: list[str]) -> str:
     return "grpc://" + ",".join(addresses)
 
@@ -199,11 +209,7 @@ def test_the_rows_are_shared_out_among_the_workers(images: Path) -> None:
         reader.fill(ids, out)
         made = reader.made_by
         reader.close()
-        mine = dataset(images).open_reader(0)
-        want = ds.layout.allocate(N)
-        mine.plan(ids)
-        mine.fill(ids, want)
-        mine.close()
+        want = made_here(images, ids)
     finally:
         a.shutdown()
         b.shutdown()
@@ -226,12 +232,8 @@ def test_more_trainer_streams_than_a_worker_keeps_readers_for_all_get_their_rows
     monkeypatch.setattr(worker_module, "READERS", 2)
     w = PreprocessWorker(token="t")
     ds = dataset(images, preprocess=pool([w.address]), preprocess_token="t")
-    mine = dataset(images).open_reader(0)
     ids = np.arange(N)
-    want = ds.layout.allocate(N)
-    mine.plan(ids)
-    mine.fill(ids, want)
-    mine.close()
+    want = made_here(images, ids)
     failed: list[BaseException] = []
     same_rows: list[bool] = []
 
@@ -423,11 +425,7 @@ def test_the_trainer_can_make_rows_too_as_one_more_worker(images: Path) -> None:
         reader.close()
     finally:
         w.shutdown()
-    mine = dataset(images).open_reader(0)
-    want = ds.layout.allocate(N)
-    mine.plan(ids)
-    mine.fill(ids, want)
-    mine.close()
+    want = made_here(images, ids)
     assert np.array_equal(out["image"], want["image"])
     assert made["local"] > 0 and made[w.address] > 0 and sum(made.values()) == N
 
@@ -506,6 +504,20 @@ def listed(coordinator: str, address: str) -> None:
         c.close()
 
 
+def start_coordinator(state: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    """A coordinator process of one rank (metrics on ``--metrics-port``, default none),
+    once it serves; the line that says where."""
+    args = ["--metrics-port", "-1"] if "--metrics-port" not in extra else []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stoker", "coordinator", "--state", str(state),
+         "--world", "1", "--num-samples", str(N), *args, *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    return proc, next(x for x in proc.stdout if "serving" in x)
+
+
 def test_workers_offered_to_the_coordinator_are_found_even_mid_epoch(
     images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -516,15 +528,8 @@ def test_workers_offered_to_the_coordinator_are_found_even_mid_epoch(
     # the second worker offered itself
     monkeypatch.setattr(client, "CHUNK", 4)
     monkeypatch.setattr(client, "INFLIGHT", 1)
-    coordinator = subprocess.Popen(
-        [sys.executable, "-m", "stoker", "coordinator", "--state", str(tmp_path / "state"),
-         "--world", "1", "--num-samples", str(N), "--metrics-port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    coordinator, line = start_coordinator(tmp_path / "state", "--metrics-port", "0")
     try:
-        assert coordinator.stdout is not None
-        line = next(x for x in coordinator.stdout if "serving" in x)
         address = line.split("serving ")[1].split()[0]
         metrics = line.split("metrics on ")[1].rstrip(")\n")
         ds = dataset(images, preprocess=f"coordinator://{address}")
@@ -549,28 +554,12 @@ def test_workers_offered_to_the_coordinator_are_found_even_mid_epoch(
         coordinator.wait(30)
         if coordinator.stdout is not None:
             coordinator.stdout.close()
-    mine = dataset(images).open_reader(0)
-    want = ds.layout.allocate(N)
-    mine.plan(ids)
-    mine.fill(ids, want)
-    mine.close()
+    want = made_here(images, ids)
     assert np.array_equal(got["image"], want["image"])
     assert made[first[0][0]] > 0 and made[second[0][0]] > 0  # the second from mid-epoch
     assert sum(made.values()) == N
     assert "stoker_preprocess_workers 2.0" in text
     assert "stoker_preprocess_workers_needed" in text
-
-
-def start_coordinator(state: Path, *bind: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stoker", "coordinator", "--state", str(state),
-         "--world", "1", "--num-samples", str(N), "--metrics-port", "-1", *bind],
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = next(x for x in proc.stdout if "serving" in x)
-    return proc, line.split("serving ")[1].split()[0]
 
 
 def test_a_coordinator_restart_loses_the_pool_nothing(
@@ -582,8 +571,9 @@ def test_a_coordinator_restart_loses_the_pool_nothing(
     monkeypatch.setattr(client, "OFFER_SECONDS", 0.0)  # (the reader asks at every batch)
     procs = []
     try:
-        first, address = start_coordinator(tmp_path / "state")
+        first, line = start_coordinator(tmp_path / "state")
         procs.append(first)
+        address = line.split("serving ")[1].split()[0]
         ds = dataset(images, preprocess=f"coordinator://{address}")
         ids = np.random.default_rng(2).permutation(N)
         got = ds.layout.allocate(N)
@@ -609,11 +599,7 @@ def test_a_coordinator_restart_loses_the_pool_nothing(
             p.wait(30)
             if p.stdout is not None:
                 p.stdout.close()
-    mine = dataset(images).open_reader(0)
-    want = ds.layout.allocate(N)
-    mine.plan(ids)
-    mine.fill(ids, want)
-    mine.close()
+    want = made_here(images, ids)
     assert np.array_equal(got["image"], want["image"])
     assert made == {ws[0][0]: N}  # (no fallback: every row the worker's)
 
