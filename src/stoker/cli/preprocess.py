@@ -8,7 +8,6 @@ import signal
 import threading
 
 from stoker.cli.common import shared_token
-from stoker.errors import ConfigError
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -61,70 +60,37 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stoker import runtime
     from stoker.extras import require
 
     require("pyarrow", "records", "stoker preprocess-worker")
-    from stoker.preprocess.worker import PreprocessWorker
+    from stoker.preprocess.worker import serve_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s stoker-preprocess %(message)s")
     token = shared_token(args.token_file, "STOKER_PREPROCESS_TOKEN")
-    if args.coordinator and not args.advertise and _everywhere(args.bind):
-        raise ConfigError(
-            f"bound to {args.bind}: say which address trainers reach this worker at "
-            "(--advertise HOST:PORT)"
-        )
-    from stoker.coordinator.server import is_loopback
-
-    offered = args.advertise or args.bind
-    if args.coordinator and is_loopback(offered) and not is_loopback(args.coordinator):
-        raise ConfigError(
-            f"the coordinator {args.coordinator} is on another machine, whose trainers "
-            f"cannot reach this worker at {offered}: bind (or --advertise) an address "
-            "they reach"
-        )
     local = {"cache_dir": args.cache_dir} if args.cache_dir else {"agent": False}
-    worker = PreprocessWorker(args.bind, token, local, args.dataset, args.transform)
-    token_file = None
-    if worker.generated:
-        try:
-            token_file = runtime.write_token(worker.address, worker.token, "preprocess")
-        except (OSError, ConfigError) as exc:
-            worker.shutdown()
-            raise ConfigError(
-                f"cannot write the worker's token ({exc}); give one with --token-file or "
-                "STOKER_PREPROCESS_TOKEN"
-            ) from None
-        print(f"stoker preprocess-worker: token in {token_file} (readable by this user only)")
-    offers = None
-    if args.coordinator:
-        from stoker.preprocess.worker import Offers
-
-        offers = Offers(worker, args.coordinator, args.advertise or worker.address)
-        offers.start()
+    served = serve_worker(
+        args.bind,
+        token,
+        local=local,
+        datasets=args.dataset,
+        transforms=args.transform,
+        coordinator=args.coordinator,
+        advertise=args.advertise,
+        metrics_port=args.metrics_port,
+    )
+    if served.token_file is not None:
+        print(
+            f"stoker preprocess-worker: token in {served.token_file} (readable by this user only)"
+        )
     metrics = ""
-    if args.metrics_port >= 0:
-        from stoker.observe.serving import serve
-        from stoker.preprocess.worker import WorkerCollector
-
-        port = serve(args.metrics_port, extra=[WorkerCollector(worker)], role="preprocess")
-        if port is not None:
-            metrics = f" (metrics on 127.0.0.1:{port})"
-    print(f"stoker preprocess-worker: serving {worker.address}{metrics}", flush=True)
+    if served.metrics_port is not None:
+        metrics = f" (metrics on 127.0.0.1:{served.metrics_port})"
+    print(f"stoker preprocess-worker: serving {served.worker.address}{metrics}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
         done.wait()
     except KeyboardInterrupt:
         pass
-    if offers is not None:
-        offers.stop()
-    worker.shutdown()
-    if token_file is not None:
-        token_file.unlink(missing_ok=True)
+    served.stop()
     return 0
-
-
-def _everywhere(bind: str) -> bool:
-    """Whether ``bind`` is every address (what a trainer cannot reach the worker at)."""
-    return bind.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::", "")

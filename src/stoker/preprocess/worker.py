@@ -27,6 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -277,6 +278,83 @@ class Offers(threading.Thread):
         except errors.StokerError:
             pass  # (it forgets the worker after the timeout anyway)
         self.client.close()
+
+
+class Serving:
+    """A worker and what runs beside it: its offers to a coordinator and its metrics
+    endpoint (:func:`serve_worker`); :meth:`stop` ends them all."""
+
+    def __init__(self, worker: PreprocessWorker, address: str) -> None:
+        self.worker, self.address = worker, address
+        self.offers: Offers | None = None
+        self.metrics_port: int | None = None
+        self.token_file: Path | None = None  # where a drawn token is kept for this user
+
+    def stop(self) -> None:
+        if self.offers is not None:
+            self.offers.stop()
+        self.worker.shutdown()
+        if self.token_file is not None:
+            self.token_file.unlink(missing_ok=True)
+
+
+def serve_worker(
+    bind: str = "127.0.0.1:0",
+    token: str | None = None,
+    *,
+    local: dict[str, Any] | None = None,
+    datasets: list[str] | None = None,
+    transforms: list[str] | None = None,
+    coordinator: str | None = None,
+    advertise: str | None = None,
+    metrics_port: int = -1,
+) -> Serving:
+    """Start a :class:`PreprocessWorker` on ``bind``; with ``coordinator``, offer it there
+    as ``advertise`` (default: the bound address); with ``metrics_port`` >= 0 (0: any
+    free port), serve its metrics on loopback. A token drawn on loopback (``token`` None)
+    is kept in this user's runtime directory, where this user's trainers find it. A
+    worker the coordinator's trainers could not reach at the offered address is a
+    :class:`ConfigError` before anything starts."""
+    from stoker import runtime
+    from stoker.coordinator.server import is_loopback
+
+    if coordinator and not advertise and _everywhere(bind):
+        raise ConfigError(
+            f"bound to {bind}: say which address trainers reach this worker at "
+            "(--advertise HOST:PORT)"
+        )
+    if coordinator and is_loopback(advertise or bind) and not is_loopback(coordinator):
+        raise ConfigError(
+            f"the coordinator {coordinator} is on another machine, whose trainers cannot "
+            f"reach this worker at {advertise or bind}: bind (or --advertise) an address "
+            "they reach"
+        )
+    worker = PreprocessWorker(bind, token, local, datasets, transforms)
+    served = Serving(worker, advertise or worker.address)
+    if worker.generated:
+        try:
+            served.token_file = runtime.write_token(worker.address, worker.token, "preprocess")
+        except (OSError, ConfigError) as exc:
+            served.stop()
+            raise ConfigError(
+                f"cannot write the worker's token ({exc}); give one with --token-file or "
+                "STOKER_PREPROCESS_TOKEN"
+            ) from None
+    if coordinator:
+        served.offers = Offers(worker, coordinator, served.address)
+        served.offers.start()
+    if metrics_port >= 0:
+        from stoker.observe.serving import serve
+
+        served.metrics_port = serve(
+            metrics_port, extra=[WorkerCollector(worker)], role="preprocess"
+        )
+    return served
+
+
+def _everywhere(bind: str) -> bool:
+    """Whether ``bind`` is every address (what a trainer cannot reach the worker at)."""
+    return bind.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::", "")
 
 
 class WorkerCollector:
