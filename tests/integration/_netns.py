@@ -235,6 +235,11 @@ class Topology:
         self._children.append(proc)
         return proc
 
+    def track(self, proc: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
+        """``proc``, started outside the namespaces: :meth:`destroy` kills and reaps it too."""
+        self._children.append(proc)
+        return proc
+
     def kill_all(self, timeout: float = 15.0) -> dict[str, list[int]]:
         """SIGKILL every process of every namespace and reap our children; returns,
         by role, the pids that survived (empty when all died)."""
@@ -244,6 +249,8 @@ class Topology:
             if survivors:
                 left[role] = survivors
         for proc in self._children:
+            if proc.poll() is None:  # (one of the root namespace's: see track)
+                proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
