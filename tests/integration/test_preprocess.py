@@ -623,3 +623,20 @@ def test_a_worker_reads_through_its_nodes_agent(
     requests = Counter(r.path for r in origin.access_log() if "/data/" in r.path)
     assert sum(requests.values()) == blocks  # once each, for both epochs
     assert agents.stats(cache)["memory_blocks"] == blocks
+
+
+def test_workers_share_the_blocks_out_not_each_read_them_all(serve_dir, images: Path) -> None:
+    """Rows go to workers by their block: each block of the epoch is fetched from the
+    origin by one worker (about: a block can move when its worker is busy), not by
+    every worker that makes some of its rows."""
+    origin, url = serve_dir(images)
+    blocks = stoker.RecordSource(str(images)).num_blocks
+    local = list(stoker.TokenLoader(dataset(url), 0))
+    origin.clear_access_log()
+    with workers(2) as ws:
+        ds = dataset(url, preprocess=pool([a for a, _ in ws]))
+        loader = stoker.TokenLoader(ds, 0)
+        got = list(loader)
+    assert same_batches(got, local)
+    requests = Counter(r.path for r in origin.access_log() if "/data/" in r.path)
+    assert sum(requests.values()) <= blocks * 1.25

@@ -61,9 +61,11 @@ def test_a_transform_travels_by_name_only() -> None:
 
 
 def test_a_request_survives_bytes_and_a_malformed_one_is_refused() -> None:
-    req = Request(WorkSpec("file:///d"), 3, [5, 1, 9], [2, 4], "s1", [3, 3, 4])
+    req = Request(WorkSpec("file:///d"), 3, [5, 1, 9], [2, 4], "s1", [3, 3, 4], order=7)
     assert Request.from_bytes(req.to_bytes()) == req
     raw = json.loads(req.to_bytes())
+    with pytest.raises(ConfigError, match="order is -1"):
+        Request.from_bytes(json.dumps({**raw, "order": -1}).encode())
     with pytest.raises(ConfigError, match="malformed"):
         Request.from_bytes(json.dumps({**raw, "ids": "all"}).encode())
     with pytest.raises(ConfigError, match="one a row"):

@@ -29,7 +29,6 @@ import secrets
 import threading
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,6 +57,9 @@ INFLIGHT = 4
 #: Ids a request names after its own (the worker's reader plans its blocks that far: a
 #: block fetched for one chunk serves the later chunks' rows of it too).
 AHEAD = 2048
+#: A worker's rows are asked of another instead (which takes its blocks on) when that
+#: one makes rows this many times faster (or it is down).
+STEAL = 2.0
 #: Seconds a worker that could not be reached is left alone before it is asked again.
 RETRY_SECONDS = 10.0
 #: Seconds a request may take before its worker counts as unreachable.
@@ -112,8 +114,10 @@ HERE = "local"
 
 
 class _Worker:
-    def __init__(self, address: str, token: str | None, here: bool = False) -> None:
+    def __init__(self, address: str, token: str | None, here: bool = False, n: int = 0) -> None:
         self.address = address
+        self.n = n  # its number in this reader (the blocks it owns are said by it)
+        self.sent = 0  # requests cut for it (each request's order at the worker)
         self.here = here  # this process, making rows with the dataset's own reader
         self.token = token
         self.client: flight.FlightClient | None = None
@@ -128,6 +132,24 @@ class _Worker:
         if not self.per_row:
             return 0.0 if not self.inflight else math.inf
         return (self.inflight + 1) * self.per_row
+
+
+class _Chunk:
+    """A request's rows: their ids and blocks (``own``), and the plan they were cut from
+    (``seq``, the block of each: ``blocks``) with where the rows after them begin."""
+
+    __slots__ = (
+        "after", "blocks", "future", "ids", "left", "order", "own", "owner", "seq", "stream"
+    )  # fmt: skip
+
+    def __init__(
+        self, ids: np.ndarray, own: np.ndarray, seq: np.ndarray, blocks: np.ndarray, after: int
+    ) -> None:
+        self.ids, self.own, self.seq, self.blocks, self.after = ids, own, seq, blocks, after
+        self.future: Future[dict[str, np.ndarray] | None] | None = None
+        self.left = len(ids)  # rows not filled yet
+        self.owner, self.order = -1, 0  # the worker it was cut for, its place in their order
+        self.stream = ""  # the reader's stream it was cut in
 
 
 class _SetAside(Exception):
@@ -150,6 +172,8 @@ class RemoteReader:
         chunk: int | None = None,
         inflight: int | None = None,
         here: bool = False,
+        *,
+        block_of: Callable[[np.ndarray], np.ndarray],
     ) -> None:
         self.spec, self.epoch, self.layout = spec, epoch, layout
         self.layout_np = {k: v.dtype for k, v in layout.allocate(0).items()}
@@ -161,6 +185,7 @@ class RemoteReader:
         # with ``here``, this process is one more worker of the pool (its own cores make
         # rows too, at the pace they do), not only the last resort
         self._workers: list[_Worker] = [_Worker(HERE, None, here=True)] if here else []
+        self._ever: list[_Worker] = list(self._workers)  # every worker, by its number
         self._join(pool.addresses)
         self._coordinator = (
             None
@@ -187,12 +212,24 @@ class RemoteReader:
             self.inflight * max(len(self._workers), MOST_WORKERS),
             thread_name_prefix="stoker-preprocess",
         )
+        self._block_of = block_of
         self._seq = np.zeros(0, dtype=np.int64)  # the plan
-        self._asked = 0  # of it, asked for up to here
+        self._blocks = np.zeros(0, dtype=np.int64)  # the block of each of its rows
         self._pos = 0  # of it, filled up to here
-        # chunks asked, in plan order: (first plan index, ids, their rows: arrays, or
-        # None when no worker could make them)
-        self._chunks: deque[tuple[int, np.ndarray, Future[dict[str, np.ndarray] | None]]] = deque()
+        self._scan = 0  # of it, given to workers up to here (in requests, or pending)
+        # the request of each row of the plan (a serial number; -1: none yet) and the
+        # row's place in it; the requests not taken in full yet, by serial number
+        self._slot = np.zeros(0, dtype=np.int64)
+        self._slot_i = np.zeros(0, dtype=np.int64)
+        self._live: dict[int, _Chunk] = {}
+        self._serial = 0
+        # rows given to a worker (by its number; -1: none up) not asked for yet: asked
+        # in requests of ``chunk`` rows, or fewer when needed soon
+        self._pending: dict[int, list[int]] = {}
+        # the worker that owns each block (its number; -1: none): its rows are asked of
+        # it, and a worker is told ahead of its own blocks' rows only, so each block is
+        # read by one worker, not by all that make some of its rows
+        self._owner = np.zeros(0, dtype=np.int64)
         self._warned = False
         self._closed = False
         self._coordinator_error = ""  # why the coordinator did not answer last
@@ -201,14 +238,30 @@ class RemoteReader:
     # -- the plan -----------------------------------------------------------------------
     def plan(self, upcoming: np.ndarray) -> None:
         upcoming = np.asarray(upcoming, dtype=np.int64)
-        done = self._seq[self._pos : self._asked]
+        done = self._seq[self._pos : self._scan]
         keep = len(done) if upcoming[: len(done)].tobytes() == done.tobytes() else 0
-        if keep < len(done):
-            self._chunks.clear()  # (asked for another plan: their answers are not used)
+        old = self._pos
+        if keep < len(done):  # (asked for another plan: their answers are not used)
+            for c in self._live.values():
+                if c.future is not None:
+                    c.future.cancel()
+            self._live.clear()
+            self._pending.clear()
             keep = 0
-        old = self._pos  # (plan index 0 now: the first of the chunks kept may begin before)
-        self._chunks = deque((s - old, ids, f) for s, ids, f in self._chunks)
-        self._seq, self._pos, self._asked = upcoming, 0, keep
+            # a stream of its own: the requests cancelled leave no gap in the order a
+            # worker waits for
+            self._stream = secrets.token_hex(8)
+            with self._lock:
+                for w in self._ever:
+                    w.sent = 0
+        slot = np.full(len(upcoming), -1, dtype=np.int64)
+        slot_i = np.zeros(len(upcoming), dtype=np.int64)
+        slot[:keep] = self._slot[old : old + keep]
+        slot_i[:keep] = self._slot_i[old : old + keep]
+        self._pending = {o: [p - old for p in ps] for o, ps in self._pending.items() if ps}
+        self._seq, self._slot, self._slot_i = upcoming, slot, slot_i
+        self._blocks = self._block_of(upcoming)
+        self._pos, self._scan = 0, keep
         self._ask()
 
     def _join(self, addresses: Sequence[str], only: bool = False) -> None:
@@ -224,7 +277,8 @@ class RemoteReader:
             for a in addresses:
                 if a not in known:
                     token = self._token or runtime.read_token(a, "preprocess")
-                    self._workers.append(_Worker(a, token))
+                    self._workers.append(_Worker(a, token, n=len(self._ever)))
+                    self._ever.append(self._workers[-1])
                     known.add(a)
         for w in gone:  # a worker no longer listed: its connection goes (unless in use)
             if w.client is not None and not w.inflight:
@@ -254,23 +308,136 @@ class RemoteReader:
         self._coordinator_error = ""
         self._join(got, only=True)
 
-    def _ask(self) -> None:
-        """Ask for chunks of the plan as far as the workers take requests."""
+    # -- who makes which rows: by block ------------------------------------------------
+    def _owners(self, blocks: np.ndarray) -> np.ndarray:
+        """The owner (a worker's number, -1: none yet) of each of ``blocks``."""
+        out = np.full(len(blocks), -1, dtype=np.int64)
+        known = blocks < len(self._owner)
+        out[known] = self._owner[blocks[known]]
+        return out
+
+    def _own(self) -> None:
+        """Give each block of the plan's next :data:`AHEAD` rows that has no owner up an
+        owner: the worker with the least work owned there, at its pace (a worker not
+        measured yet at the others' middle pace); and when one has less than half the
+        work of another (one that joined, one that sped up), move to it blocks of that
+        one's that no request has asked for yet, the last to come first."""
+        end = min(len(self._seq), self._pos + AHEAD)
+        with self._lock:
+            now = time.monotonic()
+            up = [w for w in self._workers if w.down_until <= now]
+            measured = sorted(w.per_row for w in up if w.per_row)
+        if not up:
+            return
+        mid = measured[len(measured) // 2] if measured else 1.0
+        pace = {w.n: w.per_row or mid for w in up}
+        blocks = self._blocks[self._pos : end]
+        owners = self._owners(blocks)
+        orphan = ~np.isin(owners, list(pace))
+        load = dict.fromkeys(pace, 0.0)
+        for n, c in zip(*np.unique(owners[~orphan], return_counts=True), strict=True):
+            load[int(n)] += float(c)
+        moved: dict[int, int] = {}
+        if orphan.any():
+            new, first, back, count = np.unique(
+                blocks[orphan], return_index=True, return_inverse=True, return_counts=True
+            )
+            chosen = np.empty(len(new), dtype=np.int64)
+            for i in np.argsort(first, kind="stable"):  # (in the order they come)
+                n = min(pace, key=lambda m: (load[m] + count[i]) * pace[m])
+                chosen[i] = n
+                load[n] += float(count[i])
+            owners[orphan] = chosen[back]
+            moved.update(zip(new.tolist(), chosen.tolist(), strict=True))
+        if len(pace) > 1:
+            moved.update(self._balance(blocks, owners, load, pace))
+        if not moved:
+            return
+        which = np.fromiter(moved, dtype=np.int64, count=len(moved))
+        with self._lock:  # (a request's thread reads it, and moves a stolen one's blocks)
+            top = int(which.max()) + 1
+            if top > len(self._owner):
+                grown = np.full(max(top, 2 * len(self._owner)), -1, dtype=np.int64)
+                grown[: len(self._owner)] = self._owner
+                self._owner = grown
+            self._owner[which] = np.fromiter(moved.values(), dtype=np.int64, count=len(moved))
+
+    def _balance(
+        self,
+        blocks: np.ndarray,
+        owners: np.ndarray,
+        load: dict[int, float],
+        pace: dict[int, float],
+    ) -> dict[int, int]:
+        """Blocks to move (block: new owner) from the worker with the most work (rows
+        owned times its pace) to the one with the least, if that is under half: blocks
+        with no row asked for yet, the last to come first, while the second still has
+        no more than the first."""
+        cost = {n: load[n] * pace[n] for n in pace}
+        lo, hi = min(cost, key=cost.__getitem__), max(cost, key=cost.__getitem__)
+        if cost[lo] * 2 >= cost[hi]:
+            return {}
+        asked = max(0, self._scan - self._pos)  # (the rows given out: their blocks stay)
+        held = set(np.unique(blocks[:asked]).tolist())
+        tail = blocks[asked:][owners[asked:] == hi]
+        cand, first, count = np.unique(tail, return_index=True, return_counts=True)
+        out = {}
+        for i in np.argsort(first, kind="stable")[::-1]:
+            b, c = int(cand[i]), float(count[i])
+            if b in held:
+                continue
+            if (load[lo] + c) * pace[lo] > (load[hi] - c) * pace[hi]:
+                break
+            out[b] = lo
+            load[lo] += c
+            load[hi] -= c
+        return out
+
+    def _ask(self, need: int = 0) -> None:
+        """Cut the plan's next rows into requests, each of the rows of one worker's blocks,
+        as far as the workers take requests (and at least up to plan index ``need``)."""
         self._refresh()
+        self._own()
         most = self.chunk * self.inflight * max(1, len(self._workers))
-        while self._asked < len(self._seq) and self._asked - self._pos < most:
-            s = self._asked
-            ids = self._seq[s : s + self.chunk]
-            ahead = self._seq[s + len(ids) : s + len(ids) + AHEAD]
-            req = Request(self.spec, self.epoch, ids.tolist(), ahead.tolist(), self._stream)
-            self._chunks.append((s, ids, self._pool.submit(self._call, req)))
-            self._asked = s + len(ids)
+        while self._scan < len(self._seq) and (self._scan - self._pos < most or self._scan < need):
+            a = self._scan
+            b = min(len(self._seq), a + self.chunk)
+            owners = self._owners(self._blocks[a:b])
+            for p, o in zip(range(a, b), owners.tolist(), strict=True):
+                self._pending.setdefault(o, []).append(p)
+            self._scan = b
+            for o, ps in list(self._pending.items()):
+                if len(ps) >= self.chunk:
+                    self._send(o, self.chunk)
+        for o, ps in list(self._pending.items()):
+            # the rest of the plan, or rows needed soon: asked now, though fewer
+            soon = max(self._pos + self.chunk, need)
+            if ps and (self._scan == len(self._seq) or ps[0] < soon):
+                self._send(o, len(ps))
+
+    def _send(self, owner: int, n: int) -> None:
+        """Ask for the first ``n`` rows pending for ``owner`` (its blocks')."""
+        ps = self._pending[owner]
+        at, self._pending[owner] = np.asarray(ps[:n], dtype=np.int64), ps[n:]
+        serial = self._serial = self._serial + 1
+        self._slot[at] = serial
+        self._slot_i[at] = np.arange(len(at))
+        chunk = _Chunk(self._seq[at], self._blocks[at], self._seq, self._blocks, int(at[-1]) + 1)
+        chunk.stream = self._stream
+        if 0 <= owner < len(self._ever):
+            with self._lock:
+                w = self._ever[owner]
+                w.sent += 1
+                chunk.owner, chunk.order = owner, w.sent
+        chunk.future = self._pool.submit(self._call, chunk, owner)
+        self._live[serial] = chunk
 
     # -- asking a worker ------------------------------------------------------------------
-    def _pick(self) -> _Worker | None:
-        """The worker to ask next: of those up with room (one request at a time to a worker
-        not measured yet, ``inflight`` to the others), the one that would answer first;
-        None when none is up. With all of them full, wait for one to answer."""
+    def _pick(self, owner: int) -> _Worker | None:
+        """The worker to ask for the rows of ``owner``'s blocks: that one while it is up,
+        unless another with room makes rows :data:`STEAL` times faster (then its blocks
+        go to that one); with it down or gone, the one that would answer first. None when
+        none is up. With no one to ask, wait for a request to be answered."""
         with self._freed:
             while not self._closed:
                 now = time.monotonic()
@@ -283,23 +450,49 @@ class RemoteReader:
                 if not up:
                     return None
                 room = [w for w in up if w.inflight < (self.inflight if w.per_row else 1)]
-                if room:
+                mine = next((w for w in up if w.n == owner), None)
+                if mine is not None:
+                    faster = [
+                        w for w in room
+                        if w is not mine and w.per_row and mine.per_row > STEAL * w.per_row
+                    ]  # fmt: skip
+                    if faster:
+                        w = min(faster, key=_Worker.due)
+                    elif mine in room:
+                        w = mine
+                    else:
+                        self._freed.wait(1.0)
+                        continue
+                elif room:
                     w = min(room, key=_Worker.due)  # (the first of equals: ties go round)
-                    w.inflight += 1
-                    return w
-                self._freed.wait(1.0)
+                else:
+                    self._freed.wait(1.0)
+                    continue
+                w.inflight += 1
+                return w
             return None
 
-    def _call(self, req: Request) -> dict[str, np.ndarray] | None:
-        """The rows of ``req`` from a worker (another when one cannot be reached), or None
-        when none can."""
+    def _call(self, chunk: _Chunk, owner: int) -> dict[str, np.ndarray] | None:
+        """The rows of ``chunk`` from a worker (another when one cannot be reached), or
+        None when none can."""
         while not self._closed:
-            w = self._pick()
+            with self._lock:  # (its blocks' owner now: moved since it was cut, maybe)
+                now = int(self._owners(chunk.own[:1])[0]) if len(chunk.own) else -1
+            owner = now if now >= 0 else owner
+            w = self._pick(owner)
             if w is None:
                 return None
+            if w.n != owner:  # its blocks go to the worker that makes their rows now
+                with self._lock:
+                    blocks = np.unique(chunk.own)
+                    self._owner[blocks[blocks < len(self._owner)]] = w.n
+                owner = w.n
             start = time.monotonic()
             try:
-                arrays = self._made_here(req.ids) if w.here else self._get(w, req)
+                if w.here:
+                    arrays = self._made_here(chunk.ids)
+                else:
+                    arrays = self._get(w, self._request(chunk, w))
             except _SetAside as exc:
                 self._aside(w, str(exc))
                 continue
@@ -319,13 +512,25 @@ class RemoteReader:
                     w.inflight -= 1
                     self._freed.notify_all()
             seconds = time.monotonic() - start
-            took = seconds / max(1, len(req.ids))
+            took = seconds / max(1, len(chunk.ids))
             with self._lock:
-                w.rows += len(req.ids)
+                w.rows += len(chunk.ids)
                 w.per_row = took if not w.per_row else 0.7 * w.per_row + 0.3 * took
-            registry().pool_made(w.address, len(req.ids), seconds)
+            registry().pool_made(w.address, len(chunk.ids), seconds)
             return arrays
         return None
+
+    def _request(self, chunk: _Chunk, w: _Worker) -> Request:
+        """The request for ``chunk`` to ``w``, naming as ahead the rows of ``w``'s blocks
+        in the :data:`AHEAD` after it (its reader keeps those blocks for them)."""
+        seq = chunk.seq[chunk.after : chunk.after + AHEAD]
+        with self._lock:
+            mine = self._owners(chunk.blocks[chunk.after : chunk.after + AHEAD]) == w.n
+        order = chunk.order if w.n == chunk.owner else 0  # (another's: out of its order)
+        return Request(
+            self.spec, self.epoch, chunk.ids.tolist(), seq[mine].tolist(), chunk.stream,
+            order=order,
+        )  # fmt: skip
 
     def _aside(self, w: _Worker, why: str) -> None:
         """Leave ``w`` alone for :data:`RETRY_SECONDS`, saying ``why`` (if anything) the
@@ -391,33 +596,35 @@ class RemoteReader:
         n = len(ids)
         if self._seq[self._pos : self._pos + n].tobytes() != ids.tobytes():
             self.plan(ids)  # not what was planned: these, and nothing known after them
-        end = self._pos + n
-        while self._pos < end:
-            if not self._chunks:
-                self._ask()
-            s, chunk_ids, fut = self._chunks[0]
-            if fut.done():
-                rows = fut.result()
+        a, end = self._pos, self._pos + n
+        self._ask(end)  # (every row of these asked for now)
+        slots = self._slot[a:end]
+        order = np.unique(slots, return_index=True)
+        for serial in order[0][np.argsort(order[1], kind="stable")].tolist():
+            chunk = self._live[serial]
+            assert chunk.future is not None
+            if chunk.future.done():
+                rows = chunk.future.result()
             else:  # the consumer waits on the pool
                 start = time.monotonic()
-                rows = fut.result()
+                rows = chunk.future.result()
                 waited = time.monotonic() - start
                 self._waited += waited
                 registry().pool_waited(waited)
             if rows is None:  # no worker could make them: made here
                 start = time.monotonic()
-                rows = self._make_here(chunk_ids)
-                registry().pool_made(HERE, len(chunk_ids), time.monotonic() - start)
-                self._chunks[0] = (s, chunk_ids, _done(rows))
-            a = self._pos - s
-            b = min(len(chunk_ids), end - s)
-            at = self._pos - (end - n)
+                rows = self._make_here(chunk.ids)
+                registry().pool_made(HERE, len(chunk.ids), time.monotonic() - start)
+                chunk.future = _done(rows)
+            at = np.nonzero(slots == serial)[0]
+            src = self._slot_i[a + at]
             for k, v in out.items():
                 if k != SAMPLE_ID and k in rows:
-                    v[at : at + b - a] = rows[k][a:b]
-            self._pos = s + b
-            if b == len(chunk_ids):
-                self._chunks.popleft()
+                    v[at] = rows[k][src]
+            chunk.left -= len(at)
+            if not chunk.left:
+                del self._live[serial]
+        self._pos = end
         self._filled += n
         self._ask()
 
@@ -457,9 +664,10 @@ class RemoteReader:
         if self._closed:
             return
         self._closed = True
-        for _, _, f in self._chunks:
-            f.cancel()
-        self._chunks.clear()
+        for c in self._live.values():
+            if c.future is not None:
+                c.future.cancel()
+        self._live.clear()
         with self._lock:  # (closed first: a request in flight ends now, not at its deadline)
             clients = [w.client for w in self._workers if w.client is not None]
         for c in clients:

@@ -81,6 +81,9 @@ class Request:
     stream: str
     epochs: list[int] | None = None
     version: str = __version__  # the trainer's stoker: a worker of another refuses
+    # its place among the stream's requests to this worker (1, 2, ...; 0: none), which
+    # the worker makes in that order, as the trainer's plan has them
+    order: int = 0
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -92,6 +95,7 @@ class Request:
                 "stream": self.stream,
                 "epochs": self.epochs,
                 "version": self.version,
+                "order": self.order,
             }
         ).encode()
 
@@ -110,11 +114,14 @@ class Request:
                 str(raw["stream"]),
                 None if raw.get("epochs") is None else [int(e) for e in raw["epochs"]],
                 str(raw.get("version", "")),
+                int(raw.get("order", 0)),
             )
         except ConfigError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"a malformed preprocessing request: {exc!r}") from None
+        if req.order < 0:
+            raise ConfigError(f"a preprocessing request's order is {req.order}")
         if req.epochs is not None and len(req.epochs) != len(req.ids):
             raise ConfigError("a preprocessing request's epochs are not one a row")
         if not 0 < len(req.ids) <= MOST_ROWS or len(req.ahead) > MOST_ROWS:

@@ -46,6 +46,10 @@ log = logging.getLogger("stoker.preprocess")
 READERS = 16
 #: Datasets (specs) a worker keeps open at most.
 DATASETS = 8
+#: Seconds a request waits for those before it in its stream's order (see _Stream.make),
+#: and how far ahead of the next a request's order may be for it to wait at all (further:
+#: a stream this worker let go and opened again, whose earlier requests are gone).
+ORDER_SECONDS, ORDER_GAP = 1.0, 64
 
 
 class _Auth(flight.ServerMiddlewareFactory):  # type: ignore[misc]
@@ -65,14 +69,28 @@ class _Stream:
     def __init__(self, reader: Any) -> None:
         self.reader = reader
         self.lock = threading.Lock()
+        self.turn = threading.Condition(self.lock)  # a request made: the next one's turn
         self.closed = False
         self.planned: np.ndarray = np.zeros(0, dtype=np.int64)  # ids from the next on
+        self.next = 1  # the order of the request made next
 
     def make(self, req: Request, layout: Any) -> dict[str, np.ndarray] | None:
-        """The rows of ``req``; None when this stream was evicted meanwhile (ask again)."""
+        """The rows of ``req``; None when this stream was evicted meanwhile (ask again).
+        Requests are made in their order (the plan's): one that came before those ahead
+        of it waits for them, up to :data:`ORDER_SECONDS` (one lost on the way is not
+        waited for again), so that the reader's plan keeps the blocks they all need."""
         ids = np.asarray(req.ids, dtype=np.int64)
         n = len(ids)
-        with self.lock:
+        with self.turn:
+            if req.order and req.order - self.next <= ORDER_GAP:
+                deadline = time.monotonic() + ORDER_SECONDS
+                while self.next < req.order and not self.closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.turn.wait(left)
+            self.next = max(self.next, req.order + 1)
+            self.turn.notify_all()
             if self.closed:
                 return None
             try:
@@ -96,8 +114,9 @@ class _Stream:
             return out  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        with self.lock:
+        with self.turn:
             self.closed = True
+            self.turn.notify_all()
             self.reader.close()
 
 
@@ -135,6 +154,8 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
         self.local = dict(local or {"agent": False})
         self.datasets, self.transforms = datasets, transforms
         self._streams: OrderedDict[tuple[str, str, int], _Stream] = OrderedDict()
+        # the order each stream let go had come to (its requests go on from there)
+        self._orders: OrderedDict[tuple[str, str, int], int] = OrderedDict()
         # datasets by spec, the least recently used let go past DATASETS; each made once,
         # outside the worker's lock (its manifest read: one slow URL holds up no other)
         self._datasets: OrderedDict[str, Future[Any]] = OrderedDict()
@@ -186,8 +207,13 @@ class PreprocessWorker(flight.FlightServerBase):  # type: ignore[misc]
                 # (decoding on every core: a worker's cores are for its trainers' rows)
                 reader = ds.open_reader(req.epoch, decoding=os.cpu_count() or 1)
                 got = self._streams[key] = _Stream(reader)
+                got.next = self._orders.pop(key, 1)  # (a stream let go goes on in order)
                 while len(self._streams) > READERS:
-                    evicted.append(self._streams.popitem(last=False)[1])
+                    gone_key, gone = self._streams.popitem(last=False)
+                    evicted.append(gone)
+                    self._orders[gone_key] = gone.next
+                    while len(self._orders) > 64 * READERS:
+                        self._orders.popitem(last=False)
             self._streams.move_to_end(key)
         for old in evicted:  # (under its own lock: after a request using it is done)
             old.close()

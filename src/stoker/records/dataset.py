@@ -457,6 +457,7 @@ class RecordDataset(PlannedDataset):
             local=lambda: self._open_local(epoch, decoding),
             token=self.preprocess_token,
             here=self.preprocess_local,
+            block_of=self.source.block_of,
         )
 
     def _open_local(self, epoch: int, decoding: int | None) -> RecordReader:
