@@ -4,13 +4,21 @@ workers make.
 :class:`RemoteReader` is a reader like any other (planned ahead, filled in plan order),
 so the loader's pass, its leases and its confirms are the same whoever makes the rows:
 a batch reaches training exactly once because the trainer confirms it, not because a
-worker did its part. The plan is cut into chunks, each asked of the worker that would
-answer it first at its own pace (the seconds a row took it, times the chunks it has in
-flight, plus one): a slow worker, or one on a slow link, is asked less. A worker not
-measured yet gets one request at a time, the others up to ``inflight``; a request names
-the ids after its own (``AHEAD``), so that the worker's reader keeps the blocks its
-later rows need. The workers are the ones named, or those the coordinator lists (asked
-every few seconds: a worker added mid-epoch is asked from then on).
+worker did its part.
+
+Which worker makes a row is said by its block: each block of the plan's next ``AHEAD``
+rows is owned by one worker (the one with the least work owned there, counted in rows
+times its pace: the seconds a row took it), and the plan is cut into requests of one
+owner's rows, so that each block is read by one worker, not by every worker that makes
+some of its rows. A request names the owner's rows after its own (its reader keeps
+their blocks) and its place in the order of that owner's requests (the worker makes
+them in that order). A slow worker, or one on a slow link, owns less; a request is
+asked of another worker when that one is ``STEAL`` times faster, or the owner is down,
+and its blocks go with it; blocks no request has asked for yet move to a worker with
+less than half another's work (one that joined). A worker not measured yet gets one
+request at a time, the others up to ``inflight``. The workers are the ones named, or
+those the coordinator lists (asked every few seconds: a worker added mid-epoch is asked
+from then on).
 
 A worker that cannot be reached is left alone for a while and its chunk asked of
 another; one that answers but cannot make the rows (another stoker, another dataset
