@@ -126,6 +126,7 @@ class AccessRecord:
     connection_requests: int = 0  # 1 for the first request on a connection
     msec: float = 0.0  # time of the log write, seconds since the epoch
     request_time: float = 0.0  # seconds
+    client: str = ""  # the address the request came from ($remote_addr)
 
 
 _LOG_FORMAT = "\\t".join(
@@ -140,15 +141,16 @@ _LOG_FORMAT = "\\t".join(
         "$connection",
         "$connection_requests",
         "$request_time",
+        "$remote_addr",
     ]
 )
 
 
 def _parse_access_line(line: str) -> AccessRecord | None:
     parts = line.rstrip("\n").split("\t")
-    if len(parts) != 10:
+    if len(parts) != 11:
         return None
-    msec, method, uri, status, rng, body, total, conn, conn_req, rtime = parts
+    msec, method, uri, status, rng, body, total, conn, conn_req, rtime, client = parts
     path, _, query = uri.partition("?")
     return AccessRecord(
         method=method,
@@ -162,6 +164,7 @@ def _parse_access_line(line: str) -> AccessRecord | None:
         connection_requests=int(conn_req),
         msec=float(msec),
         request_time=float(rtime),
+        client=client,
     )
 
 

@@ -25,6 +25,7 @@ VARIABLES: Mapping[str, str] = {
     "STOKER_COORDINATOR_TOKEN": "the coordinator's shared token (clients and `stoker coordinator`)",
     "STOKER_COORDINATOR_TOKEN_FILE": "a file holding the coordinator's token (clients)",
     "STOKER_PREPROCESS_TOKEN": "the preprocessing workers' shared token (trainers and `stoker preprocess-worker`)",
+    "STOKER_DATASET": "the token dataset `python -m stoker.train` trains on (its `--dataset`)",
     # where files go
     "STOKER_CACHE_DIR": "the node agent's cache directory when none is given (default ~/.cache/stoker)",
     "XDG_CACHE_HOME": "the base of the default cache directory",

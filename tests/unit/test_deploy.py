@@ -108,3 +108,113 @@ def test_a_worker_bound_to_every_address_must_say_where_it_is_reached(
     argv = ["preprocess-worker", "--bind", bind, "--token-file", str(token)]
     assert main([*argv, "--coordinator", "127.0.0.1:1"]) == 2
     assert "--advertise" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the training recipes
+
+
+def test_every_kubernetes_manifest_is_valid_against_the_kubernetes_schemas() -> None:
+    import kubernetes_validate
+
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            kubernetes_validate.validate(doc, "1.33.0", strict=True)  # (raises on a fault)
+    # (the validator does validate: a field the schema lacks is refused)
+    job = next(d for d in _docs("training.yaml") if d["kind"] == "Job")
+    job["spec"]["template"]["spec"]["containers"][0]["enviroment"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, "1.33.0", strict=True)
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
+
+
+def _expand(args: list[str], env: dict[str, str]) -> list[str]:
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args]
+
+
+def test_the_kubernetes_training_job_is_wired_together() -> None:
+    import torch.distributed.run
+
+    from stoker import train
+
+    by_kind = {d["kind"]: d for d in _docs("training.yaml")}
+    agent, service, job = by_kind["DaemonSet"], by_kind["Service"], by_kind["Job"]
+    claim = by_kind["PersistentVolumeClaim"]
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    argv = _expand(c["args"], env)
+    assert c["command"] == ["torchrun"]
+    run = torch.distributed.run.get_args_parser().parse_args(argv)
+    assert run.module and run.training_script == "stoker.train"
+    args = train.parse(run.training_script_args)
+    # one pod a node, found by name: pod 0 of the Indexed Job through the headless Service
+    assert int(run.nnodes) == spec["completions"] == spec["parallelism"]
+    assert spec["completionMode"] == "Indexed" and run.rdzv_backend == "c10d"
+    assert service["spec"]["clusterIP"] == "None"
+    assert pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["selector"] == {"job-name": job["metadata"]["name"]}
+    host, port = run.rdzv_endpoint.rsplit(":", 1)
+    assert host == f"{job['metadata']['name']}-0.{service['metadata']['name']}"
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    assert int(port) in {p["containerPort"] for p in c["ports"]}
+    assert int(run.nproc_per_node) == c["resources"]["limits"]["nvidia.com/gpu"]
+    # the agent and the ranks: one cache directory and one /dev/shm a node, one user
+    (a,) = agent["spec"]["template"]["spec"]["containers"]
+    agent_args = build_parser().parse_args(a["args"])
+    assert agent_args.command == "agent" and agent_args.cache_dir == args.cache_dir
+
+    def mounts(podspec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+        vols = {v["name"]: v for v in podspec["volumes"]}
+        return {m["mountPath"]: vols[m["name"]] for m in container["volumeMounts"]}
+
+    agent_pod = agent["spec"]["template"]["spec"]
+    theirs, ours = mounts(agent_pod, a), mounts(pod, c)
+    for path in (args.cache_dir, "/dev/shm"):
+        assert theirs[path]["hostPath"]["path"] == ours[path]["hostPath"]["path"], path
+    assert agent_pod["securityContext"]["runAsUser"] == pod["securityContext"]["runAsUser"]
+    (init,) = agent_pod["initContainers"]  # the hostPath made the agent's user's
+    assert init["command"][-2:] == ["1000:1000", args.cache_dir]
+    # the checkpoint on the claim, on every pod
+    ck = next(p for p in ours if args.checkpoint.startswith(p + "/"))
+    assert ours[ck]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+
+
+def test_the_slurm_training_script_runs_one_torchrun_a_node_with_the_first_as_rendezvous(
+    tmp_path: Path,
+) -> None:
+    import torch.distributed.run
+
+    from stoker import train
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    out = tmp_path / "calls"
+    _recorder(bin_ / "srun", f'echo "srun $*" >> {out}.srun\nwhile [ "${{1#-}}" != "$1" ]; do '
+              'shift; done\nexec "$@"\n')  # fmt: skip
+    _recorder(bin_ / "scontrol", 'printf "gpu-node-7\\ngpu-node-8\\n"\n')
+    _recorder(
+        bin_ / "torchrun",
+        f"python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' \"$@\" >> {out}\n",
+    )
+    env = {"PATH": f"{bin_}:{os.environ['PATH']}", "HOME": str(tmp_path),
+           "SLURM_JOB_NODELIST": "gpu-node-[7-8]", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": str(DEPLOY.parent)}  # fmt: skip
+    script = DEPLOY / "slurm" / "train.sbatch"
+    missing = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert missing.returncode != 0 and "DATASET" in missing.stderr
+    env.update(DATASET="s3://b/tokens", CHECKPOINT="/shared/run1")
+    subprocess.run(["bash", str(script), "--steps", "10"], env=env, check=True,
+                   capture_output=True, text=True)  # fmt: skip
+    assert "--ntasks-per-node=1" in Path(f"{out}.srun").read_text()
+    (argv,) = [json.loads(line) for line in out.read_text().splitlines()]
+    run = torch.distributed.run.get_args_parser().parse_args(argv)
+    assert run.nnodes == "2" and run.rdzv_endpoint == "gpu-node-7:29400"
+    assert run.rdzv_backend == "c10d" and run.rdzv_id == "4242"
+    args = train.parse(run.training_script_args)
+    assert (args.dataset, args.checkpoint, args.steps) == ("s3://b/tokens", "/shared/run1", 10)
+    assert args.cache_dir == "/tmp/stoker-4242"
