@@ -13,9 +13,10 @@ owner's rows, so that each block is read by one worker, not by every worker that
 some of its rows. A request names the owner's rows after its own (its reader keeps
 their blocks) and its place in the order of that owner's requests (the worker makes
 them in that order). A slow worker, or one on a slow link, owns less; a request is
-asked of another worker when that one is ``STEAL`` times faster, or the owner is down,
-and its blocks go with it; blocks no request has asked for yet move to a worker with
-less than half another's work (one that joined). A worker not measured yet gets one
+asked of another worker when that one is idle and ``STEAL`` times faster, or the owner
+is down, and its blocks go with it; blocks no request has asked for yet move to the
+worker with the least work when another has ``STEAL`` times more (one that joined).
+A worker not measured yet gets one
 request at a time, the others up to ``inflight``. The workers are the ones named, or
 those the coordinator lists (asked every few seconds: a worker added mid-epoch is asked
 from then on).
@@ -66,8 +67,11 @@ INFLIGHT = 4
 #: block fetched for one chunk serves the later chunks' rows of it too).
 AHEAD = 2048
 #: A worker's rows are asked of another instead (which takes its blocks on) when that
-#: one makes rows this many times faster (or it is down).
-STEAL = 2.0
+#: one is idle and makes rows this many times faster (or it is down); and blocks no
+#: request has asked for yet move to the worker with the least work when another has
+#: this many times more (rows owned times pace). Well above the noise of a busy
+#: machine's paces, where a move costs a block read twice.
+STEAL = 4.0
 #: Seconds a worker that could not be reached is left alone before it is asked again.
 RETRY_SECONDS = 10.0
 #: Seconds a request may take before its worker counts as unreachable.
@@ -327,9 +331,9 @@ class RemoteReader:
     def _own(self) -> None:
         """Give each block of the plan's next :data:`AHEAD` rows that has no owner up an
         owner: the worker with the least work owned there, at its pace (a worker not
-        measured yet at the others' middle pace); and when one has less than half the
-        work of another (one that joined, one that sped up), move to it blocks of that
-        one's that no request has asked for yet, the last to come first."""
+        measured yet at the others' middle pace); and when one has :data:`STEAL` times
+        less work than another (one that joined, one that sped up), move to it blocks of
+        that one's that no request has asked for yet, the last to come first."""
         end = min(len(self._seq), self._pos + AHEAD)
         with self._lock:
             now = time.monotonic()
@@ -378,12 +382,12 @@ class RemoteReader:
         pace: dict[int, float],
     ) -> dict[int, int]:
         """Blocks to move (block: new owner) from the worker with the most work (rows
-        owned times its pace) to the one with the least, if that is under half: blocks
+        owned times its pace) to the one with the least, if :data:`STEAL` times less: blocks
         with no row asked for yet, the last to come first, while the second still has
         no more than the first."""
         cost = {n: load[n] * pace[n] for n in pace}
         lo, hi = min(cost, key=cost.__getitem__), max(cost, key=cost.__getitem__)
-        if cost[lo] * 2 >= cost[hi]:
+        if cost[lo] * STEAL >= cost[hi]:
             return {}
         asked = max(0, self._scan - self._pos)  # (the rows given out: their blocks stay)
         held = set(np.unique(blocks[:asked]).tolist())
@@ -443,9 +447,9 @@ class RemoteReader:
     # -- asking a worker ------------------------------------------------------------------
     def _pick(self, owner: int) -> _Worker | None:
         """The worker to ask for the rows of ``owner``'s blocks: that one while it is up,
-        unless another with room makes rows :data:`STEAL` times faster (then its blocks
-        go to that one); with it down or gone, the one that would answer first. None when
-        none is up. With no one to ask, wait for a request to be answered."""
+        unless another, idle, makes rows :data:`STEAL` times faster (then its blocks go to
+        that one); with it down or gone, the one that would answer first. None when none
+        is up. With no one to ask, wait for a request to be answered."""
         with self._freed:
             while not self._closed:
                 now = time.monotonic()
@@ -462,7 +466,8 @@ class RemoteReader:
                 if mine is not None:
                     faster = [
                         w for w in room
-                        if w is not mine and w.per_row and mine.per_row > STEAL * w.per_row
+                        if w is not mine and not w.inflight and w.per_row
+                        and mine.per_row > STEAL * w.per_row
                     ]  # fmt: skip
                     if faster:
                         w = min(faster, key=_Worker.due)
