@@ -53,7 +53,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, device: Any = None) -> int:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -65,11 +65,16 @@ def main(argv: list[str] | None = None) -> int:
 
     a = parse(argv)
     cuda = torch.cuda.is_available()
-    local = int(env.get("LOCAL_RANK", "0") or 0)
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if device is None:
+        local = int(env.get("LOCAL_RANK", "0") or 0)
+        device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    device = torch.device(device)
+    cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
+    owned = not dist.is_initialized()  # (a launcher such as Ray Train may have made it)
+    if owned:
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
     rank = dist.get_rank()
     ds = stoker.TokenDataset(
         a.dataset, a.seq_len, batch_size=a.batch_size, seed=1234, cache_dir=a.cache_dir
@@ -142,10 +147,20 @@ def main(argv: list[str] | None = None) -> int:
             record.close()
     dist.barrier()
     loader.close()
-    dist.destroy_process_group()
+    if owned:
+        dist.destroy_process_group()
     if rank == 0:
         print(f"stoker.train: done at step {step}", flush=True)
     return 0
+
+
+def ray_loop(config: dict[str, Any]) -> None:
+    """The job as Ray Train's ``train_loop_per_worker`` (deploy/ray/train.py):
+    ``config["argv"]`` are its arguments; the process group and the device are Ray
+    Train's."""
+    import ray.train.torch
+
+    main(list(config["argv"]), device=ray.train.torch.get_device())
 
 
 def _save(ckpt: Path, rank: int, step: int, model: Any, opt: Any, loader: Any) -> None:

@@ -3,7 +3,7 @@
 gloo ranks each, the origin (nginx) on a fourth behind a throttled link: the nodes
 meet through torchrun's c10d rendezvous, rank 0 starts the coordinator and the others
 find it through torchrun's store, each node reads through its own agent. Every sample
-of the epoch is trained once (but the few that do not fill a last global batch, which
+of the epoch is trained once (but the few that do not divide among the ranks, which
 open the next epoch), every rank takes as many steps, and each node fetches a block
 from the origin at most once.
 
@@ -87,10 +87,10 @@ def test_the_torchrun_recipe_trains_an_epoch_once_on_three_nodes(
         for r in range(6)
     }
     ids = [i for rows in steps.values() for s in rows for i in s["ids"]]
-    # every sample of the epoch once, but for what does not fill a global batch of the
-    # six ranks (it opens the next epoch)
+    # every sample of the epoch once, but for what does not divide among the six ranks
+    # (it opens the next epoch)
     assert len(set(ids)) == len(ids) and set(ids) <= set(range(n))
-    assert len(ids) == n - n % (6 * B)
+    assert len(ids) == n - n % 6
     assert len({len(rows) for rows in steps.values()}) == 1  # as many steps each
     nodes = {net[node].address for node in NODES}
     data = [r for r in served if "/data/" in r.path]
