@@ -130,6 +130,7 @@ class _Worker:
         self.address = address
         self.n = n  # its number in this reader (the blocks it owns are said by it)
         self.sent = 0  # requests cut for it (each request's order at the worker)
+        self.waiting: set[int] = set()  # the orders of its requests waiting to be asked
         self.here = here  # this process, making rows with the dataset's own reader
         self.token = token
         self.client: flight.FlightClient | None = None
@@ -445,45 +446,58 @@ class RemoteReader:
         self._live[serial] = chunk
 
     # -- asking a worker ------------------------------------------------------------------
-    def _pick(self, owner: int) -> _Worker | None:
+    def _pick(self, owner: int, turn: int = 0) -> _Worker | None:
         """The worker to ask for the rows of ``owner``'s blocks: that one while it is up,
         unless another, idle, makes rows :data:`STEAL` times faster (then its blocks go to
         that one); with it down or gone, the one that would answer first. None when none
-        is up. With no one to ask, wait for a request to be answered."""
+        is up. With no one to ask, wait for a request to be answered. ``turn``: the
+        request's order among the owner's, which take its free places in that order."""
+        me = self._ever[owner] if turn and 0 <= owner < len(self._ever) else None
         with self._freed:
-            while not self._closed:
-                now = time.monotonic()
-                k = len(self._workers)
-                if not k:
-                    return None
-                self._turn = (self._turn + 1) % k  # (ties go round: from the next one on)
-                order = [self._workers[(self._turn + i) % k] for i in range(k)]
-                up = [w for w in order if w.down_until <= now]
-                if not up:
-                    return None
-                room = [w for w in up if w.inflight < (self.inflight if w.per_row else 1)]
-                mine = next((w for w in up if w.n == owner), None)
-                if mine is not None:
-                    faster = [
-                        w for w in room
-                        if w is not mine and not w.inflight and w.per_row
-                        and mine.per_row > STEAL * w.per_row
-                    ]  # fmt: skip
-                    if faster:
-                        w = min(faster, key=_Worker.due)
-                    elif mine in room:
-                        w = mine
-                    else:
-                        self._freed.wait(1.0)
-                        continue
-                elif room:
-                    w = min(room, key=_Worker.due)  # (the first of equals: ties go round)
+            if me is not None:
+                me.waiting.add(turn)
+            try:
+                return self._choose(owner, turn, me)
+            finally:
+                if me is not None:
+                    me.waiting.discard(turn)
+                    self._freed.notify_all()  # (the next in its order may go now)
+
+    def _choose(self, owner: int, turn: int, me: _Worker | None) -> _Worker | None:
+        """:meth:`_pick`'s choice, under its lock."""
+        while not self._closed:
+            now = time.monotonic()
+            k = len(self._workers)
+            if not k:
+                return None
+            self._turn = (self._turn + 1) % k  # (ties go round: from the next one on)
+            order = [self._workers[(self._turn + i) % k] for i in range(k)]
+            up = [w for w in order if w.down_until <= now]
+            if not up:
+                return None
+            room = [w for w in up if w.inflight < (self.inflight if w.per_row else 1)]
+            mine = next((w for w in up if w.n == owner), None)
+            if mine is not None:
+                faster = [
+                    w for w in room
+                    if w is not mine and not w.inflight and w.per_row
+                    and mine.per_row > STEAL * w.per_row
+                ]  # fmt: skip
+                if faster:
+                    w = min(faster, key=_Worker.due)
+                elif mine in room and (mine is not me or turn == min(me.waiting)):
+                    w = mine
                 else:
                     self._freed.wait(1.0)
                     continue
-                w.inflight += 1
-                return w
-            return None
+            elif room:
+                w = min(room, key=_Worker.due)  # (the first of equals: ties go round)
+            else:
+                self._freed.wait(1.0)
+                continue
+            w.inflight += 1
+            return w
+        return None
 
     def _call(self, chunk: _Chunk, owner: int) -> dict[str, np.ndarray] | None:
         """The rows of ``chunk`` from a worker (another when one cannot be reached), or
@@ -492,7 +506,7 @@ class RemoteReader:
             with self._lock:  # (its blocks' owner now: moved since it was cut, maybe)
                 now = int(self._owners(chunk.own[:1])[0]) if len(chunk.own) else -1
             owner = now if now >= 0 else owner
-            w = self._pick(owner)
+            w = self._pick(owner, chunk.order if owner == chunk.owner else 0)
             if w is None:
                 return None
             if w.n != owner:  # its blocks go to the worker that makes their rows now

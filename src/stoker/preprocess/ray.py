@@ -329,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         ray_address=args.ray_address,
     ) as pool:
         signal.signal(signal.SIGTERM, lambda *_: done.set())  # (after Ray's own handler)
-        for address, node in zip(pool.addresses, pool.nodes, strict=True):
-            print(f"stoker.preprocess.ray: worker serving {address} (node {node})", flush=True)
+        for address in pool.addresses:
+            print(f"stoker.preprocess.ray: worker serving {address}", flush=True)
         try:
             done.wait()
         except KeyboardInterrupt:
