@@ -19,6 +19,7 @@ else a local Ray instance.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -39,9 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ray-address", help="the Ray cluster (default: $RAY_ADDRESS, or a local one)")
     ap.add_argument("--storage", help="Ray Train's run storage (default: Ray's own)")
     a = ap.parse_args(ours)
-    parse(job)  # (the job's arguments checked here, before a worker starts)
+    given = parse(job)  # (the job's arguments checked here, before a worker starts)
+    if "--dataset" not in job:  # (from $STOKER_DATASET here: the workers have not got it)
+        job = ["--dataset", given.dataset, *job]
     if not ray.is_initialized():
-        ray.init(address=a.ray_address)
+        # stoker's variables set here (STOKER_COORDINATOR_BIND, tokens) go to the workers
+        ours_env = {k: v for k, v in os.environ.items() if k.startswith("STOKER_")}
+        ray.init(address=a.ray_address, runtime_env={"env_vars": ours_env})
     trainer = TorchTrainer(
         ray_loop,
         train_loop_config={"argv": job},

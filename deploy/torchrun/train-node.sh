@@ -43,7 +43,7 @@ if [ -n "${LOCAL_ADDR:-}" ]; then opts+=(--local-addr "$LOCAL_ADDR"); fi
 if [ -n "${RDZV_CONF:-}" ]; then opts+=(--rdzv-conf "$RDZV_CONF"); fi
 
 exec torchrun \
-  "${opts[@]}" \
+  ${opts[@]+"${opts[@]}"} \
   --nnodes "$NNODES" \
   --nproc-per-node "${NPROC_PER_NODE:-gpu}" \
   --rdzv-backend c10d \

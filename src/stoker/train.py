@@ -107,13 +107,21 @@ def main(argv: list[str] | None = None, device: Any = None) -> int:
     wait = busy = 0.0
     done = False
     try:
-        for _ in range(a.epochs):
+        # a pass goes on with the epoch the checkpoint was in (or the next, when it was
+        # finished); the job ends after the pass of epoch --epochs - 1
+        while not done:
             it = iter(loader)
+            trained, epoch = 0, None
             while True:
                 t0 = time.perf_counter()
                 batch = next(it, None)
                 if batch is None:
                     break
+                epoch = loader.last_epoch.epoch if loader.last_epoch else None
+                if epoch is not None and epoch >= a.epochs:  # (every rank: the same epoch)
+                    done = True
+                    break
+                trained += 1
                 t1 = time.perf_counter()
                 tokens = batch["tokens"].to(device, non_blocking=True)
                 logits = ddp(tokens[:, :-1])
@@ -138,8 +146,11 @@ def main(argv: list[str] | None = None, device: Any = None) -> int:
                 if a.steps and step >= a.steps:
                     done = True
                     break
-            if done:
-                break
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()  # (a pass broken off: its workers stop now)
+            if not trained or epoch is None or epoch + 1 >= a.epochs:
+                done = True
         if ckpt is not None:
             _save(ckpt, rank, step, model, opt, loader)
     finally:
@@ -183,12 +194,25 @@ def _save(ckpt: Path, rank: int, step: int, model: Any, opt: Any, loader: Any) -
     (tmp / "state.json").write_text(json.dumps({"step": step, "loader": state}))
     before = _latest(ckpt)
     if before == here:
+        shutil.rmtree(tmp, ignore_errors=True)
         return  # (saved at this step already)
+    shutil.rmtree(here, ignore_errors=True)  # (one a kill left before LATEST named it)
+    _sync(tmp)
     os.replace(tmp, here)
-    (ckpt / "LATEST.tmp").write_text(here.name)
+    with open(ckpt / "LATEST.tmp", "w") as f:
+        f.write(here.name)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(ckpt / "LATEST.tmp", ckpt / "LATEST")
     if before is not None:
         shutil.rmtree(before, ignore_errors=True)
+
+
+def _sync(folder: Path) -> None:
+    """Its files on disk before a name points at them (a node that crashes later)."""
+    for p in folder.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
 
 
 def _latest(ckpt: Path) -> Path | None:

@@ -1,7 +1,8 @@
 """``python -m stoker.train`` through the torchrun recipe (deploy/torchrun/train-node.sh)
 on this machine: two ranks train a few steps and save; the job started again on one
 rank resumes from that checkpoint and finishes the epoch. No sample is trained twice
-and none is lost, across the restart and the change of world size."""
+and none is lost, across the restart and the change of world size; started once more,
+the finished job trains nothing."""
 
 from __future__ import annotations
 
@@ -56,5 +57,10 @@ def test_a_job_resumes_from_its_checkpoint_on_another_world_size(tmp_path: Path)
         for i in json.loads(line)["ids"]
     ]
     assert len(ids) == len(set(ids)) == n  # once each, none lost
+    # started again after its last epoch, the job trains nothing more
+    run(tmp_path, "over", 1)
+    assert not list(tmp_path.glob("over-*.jsonl")) or all(
+        not f.read_text() for f in tmp_path.glob("over-*.jsonl")
+    )
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert saved == ["LATEST", (tmp_path / "ckpt" / "LATEST").read_text()]  # (the old went)
