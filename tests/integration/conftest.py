@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,3 +41,19 @@ def serve_dir(nginx_origin):
         return origin, origin.url_for(dataset_dir.name, via=via).rstrip("/")
 
     return make
+
+
+@pytest.fixture
+def loopback_only() -> Iterator[list[str]]:
+    """The command prefix that runs a process in a fresh namespace of loopback only
+    (none without root: the run then uses this machine's loopback)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        yield []
+        return
+    name = f"stoker-ray-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield ["ip", "netns", "exec", name]
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,22 +24,6 @@ from .helpers import photo_records
 pytest.importorskip("ray")
 
 RUN = Path(__file__).with_name("ray_pool_run.py")
-
-
-@pytest.fixture
-def loopback_only() -> Iterator[list[str]]:
-    """The command prefix that runs a process in a fresh namespace of loopback only
-    (none without root: the run then uses this machine's loopback)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        yield []
-        return
-    name = f"stoker-ray-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        yield ["ip", "netns", "exec", name]
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 @pytest.mark.slow

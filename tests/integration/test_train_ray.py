@@ -22,7 +22,6 @@ import pytest
 
 from .helpers import write_dataset
 from .test_netns import clean_env, tail
-from .test_preprocess_ray import loopback_only  # noqa: F401 (a fixture)
 
 pytest.importorskip("ray.train")
 
@@ -33,8 +32,7 @@ B = 4
 
 
 def test_the_ray_train_recipe_trains_an_epoch_once(
-    tmp_path: Path,
-    loopback_only: list[str],  # noqa: F811
+    tmp_path: Path, loopback_only: list[str]
 ) -> None:
     written = write_dataset(tmp_path / "ds", num_docs=60, seed=5, block_tokens=512)
     n = written.num_samples(32)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from servers import free_port
 
 from .helpers import write_dataset
 from .test_netns import clean_env, tail
@@ -21,12 +21,6 @@ from .test_netns import clean_env, tail
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(tmp: Path, name: str, ranks: int, *args: str) -> None:
