@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import Written, write_dataset
+from .test_agent import Agents
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +24,14 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Written:
     """
     root = tmp_path_factory.mktemp("small-root")
     return write_dataset(root / "ds", num_docs=40, seed=1, block_tokens=256, blocks_per_file=4)
+
+
+@pytest.fixture
+def agents() -> Iterator[Agents]:
+    """Starts ``stoker agent`` processes (:class:`Agents`); kills them at the end."""
+    a = Agents()
+    yield a
+    a.close()
 
 
 @pytest.fixture

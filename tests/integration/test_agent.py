@@ -126,13 +126,6 @@ class Agents:
             )  # what a killed agent left (its successor would clean it)
 
 
-@pytest.fixture
-def agents():
-    a = Agents()
-    yield a
-    a.close()
-
-
 def block_requests(origin) -> Counter[tuple[str, str | None]]:
     return Counter((r.path, r.range) for r in origin.access_log() if "/data/" in r.path)
 

@@ -46,13 +46,6 @@ def long_epoch(tmp_path_factory: pytest.TempPathFactory) -> Written:
 
 
 @pytest.fixture
-def agents():
-    a = Agents()
-    yield a
-    a.close()
-
-
-@pytest.fixture
 def coordinators():
     c = Coordinators()
     yield c

@@ -9,7 +9,6 @@ agent) raises the typed error naming the file and the block or the field.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,6 @@ from .helpers import Written, check_samples
 from .test_agent import Agents
 
 SEQ_LEN = 16
-
-
-@pytest.fixture
-def agents() -> Iterator[Agents]:
-    a = Agents()
-    yield a
-    a.close()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -343,13 +342,6 @@ def test_a_restore_names_sources_in_any_order_and_a_refused_one_changes_nothing(
     with pytest.raises(stoker.StateError):
         stoker.TokenLoader(wider, 0, coordinator="rank0").load_state_dict(edited)
     assert (wider.num_samples, wider.steps_per_epoch, wider.stream_identity()) == before
-
-
-@pytest.fixture
-def agents() -> Iterator[Agents]:
-    a = Agents()
-    yield a
-    a.close()
 
 
 def test_through_a_node_agent_a_mixture_reports_the_positions_its_node_holds(

@@ -37,13 +37,6 @@ TESTS = str(Path(__file__).resolve().parents[1])  # (what a worker imports a tra
 pytestmark = pytest.mark.usefixtures("one_rank")
 
 
-@pytest.fixture
-def agents() -> Iterator[Agents]:
-    a = Agents()
-    yield a
-    a.close()
-
-
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return photo_records(tmp_path_factory.mktemp("pool") / "ds", N, 4, (40, 120), (5, 7), 20_000)

@@ -23,13 +23,6 @@ N, B, SIZE, SHORT = 120, 8, 32, 48
 pytestmark = pytest.mark.usefixtures("one_rank")
 
 
-@pytest.fixture
-def agents():
-    a = Agents()
-    yield a
-    a.close()
-
-
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return photo_records(tmp_path_factory.mktemp("held") / "ds", N, 5, (50, 130), (3, 7), 20_000)

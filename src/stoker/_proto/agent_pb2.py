@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stoker/_proto/agent.proto\x12\x0fstoker.agent.v1\"\xc5\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x05hello\x18\x02 \x01(\x0b\x32\x16.stoker.agent.v1.HelloH\x00\x12%\n\x04open\x18\x03 \x01(\x0b\x32\x15.stoker.agent.v1.OpenH\x00\x12#\n\x03get\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.GetH\x00\x12+\n\x07release\x18\x05 \x01(\x0b\x32\x18.stoker.agent.v1.ReleaseH\x00\x12%\n\x04plan\x18\x06 \x01(\x0b\x32\x15.stoker.agent.v1.PlanH\x00\x12.\n\x05stats\x18\x07 \x01(\x0b\x32\x1d.stoker.agent.v1.StatsRequestH\x00\x12-\n\x08holdings\x18\x08 \x01(\x0b\x32\x19.stoker.agent.v1.HoldingsH\x00\x42\x06\n\x04kind\"&\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\"X\n\x04Open\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\t\x12\x11\n\tview_json\x18\x04 \x01(\t\"9\n\x03Get\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\x04\x12\x0f\n\x07release\x18\x03 \x03(\x04\"-\n\x07Release\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"*\n\x04Plan\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"\x0e\n\x0cStatsRequest\"\x1e\n\x08Holdings\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"\x8a\x02\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_kind\x18\x03 \x01(\t\x12#\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.AckH\x00\x12)\n\x06opened\x18\x05 \x01(\x0b\x32\x17.stoker.agent.v1.OpenedH\x00\x12\'\n\x05\x62lock\x18\x06 \x01(\x0b\x32\x16.stoker.agent.v1.BlockH\x00\x12\'\n\x05stats\x18\x07 \x01(\x0b\x32\x16.stoker.agent.v1.StatsH\x00\x12%\n\x04held\x18\x08 \x01(\x0b\x32\x15.stoker.agent.v1.HeldH\x00\x42\x06\n\x04kind\"\x16\n\x04Held\x12\x0e\n\x06\x62locks\x18\x01 \x03(\x04\"\x05\n\x03\x41\x63k\"\x1c\n\x06Opened\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"E\n\x05\x42lock\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x0e\n\x06record\x18\x03 \x01(\x0c\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\"\x15\n\x05Stats\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19stoker/_proto/agent.proto\x12\x0fstoker.agent.v1\"\xee\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\'\n\x05hello\x18\x02 \x01(\x0b\x32\x16.stoker.agent.v1.HelloH\x00\x12%\n\x04open\x18\x03 \x01(\x0b\x32\x15.stoker.agent.v1.OpenH\x00\x12#\n\x03get\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.GetH\x00\x12+\n\x07release\x18\x05 \x01(\x0b\x32\x18.stoker.agent.v1.ReleaseH\x00\x12%\n\x04plan\x18\x06 \x01(\x0b\x32\x15.stoker.agent.v1.PlanH\x00\x12.\n\x05stats\x18\x07 \x01(\x0b\x32\x1d.stoker.agent.v1.StatsRequestH\x00\x12-\n\x08holdings\x18\x08 \x01(\x0b\x32\x19.stoker.agent.v1.HoldingsH\x00\x12\'\n\x05relay\x18\t \x01(\x0b\x32\x16.stoker.agent.v1.RelayH\x00\x42\x06\n\x04kind\"&\n\x05Hello\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x0b\n\x03pid\x18\x02 \x01(\r\"X\n\x04Open\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x1c\n\x14storage_options_json\x18\x02 \x01(\t\x12\x12\n\ndataset_id\x18\x03 \x01(\t\x12\x11\n\tview_json\x18\x04 \x01(\t\"9\n\x03Get\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\r\n\x05\x62lock\x18\x02 \x01(\x04\x12\x0f\n\x07release\x18\x03 \x03(\x04\"-\n\x07Release\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"*\n\x04Plan\x12\x12\n\ndataset_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62locks\x18\x02 \x03(\x04\"\x0e\n\x0cStatsRequest\"\x1e\n\x08Holdings\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"^\n\x05Relay\x12\x13\n\x0b\x63oordinator\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x03 \x03(\x0c\x12\x0f\n\x07timeout\x18\x04 \x01(\x01\x12\x11\n\tretry_for\x18\x05 \x01(\x01\"\xb7\x02\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\x04\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x12\n\nerror_kind\x18\x03 \x01(\t\x12#\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x14.stoker.agent.v1.AckH\x00\x12)\n\x06opened\x18\x05 \x01(\x0b\x32\x17.stoker.agent.v1.OpenedH\x00\x12\'\n\x05\x62lock\x18\x06 \x01(\x0b\x32\x16.stoker.agent.v1.BlockH\x00\x12\'\n\x05stats\x18\x07 \x01(\x0b\x32\x16.stoker.agent.v1.StatsH\x00\x12%\n\x04held\x18\x08 \x01(\x0b\x32\x15.stoker.agent.v1.HeldH\x00\x12+\n\x07relayed\x18\t \x01(\x0b\x32\x18.stoker.agent.v1.RelayedH\x00\x42\x06\n\x04kind\"\x1a\n\x07Relayed\x12\x0f\n\x07results\x18\x01 \x03(\x0c\"\x16\n\x04Held\x12\x0e\n\x06\x62locks\x18\x01 \x03(\x04\"\x05\n\x03\x41\x63k\"\x1c\n\x06Opened\x12\x12\n\ndataset_id\x18\x01 \x01(\t\"E\n\x05\x42lock\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\x04\x12\x0e\n\x06record\x18\x03 \x01(\x0c\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\"\x15\n\x05Stats\x12\x0c\n\x04json\x18\x01 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,31 +32,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stoker._proto.agent_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REQUEST']._serialized_start=47
-  _globals['_REQUEST']._serialized_end=372
-  _globals['_HELLO']._serialized_start=374
-  _globals['_HELLO']._serialized_end=412
-  _globals['_OPEN']._serialized_start=414
-  _globals['_OPEN']._serialized_end=502
-  _globals['_GET']._serialized_start=504
-  _globals['_GET']._serialized_end=561
-  _globals['_RELEASE']._serialized_start=563
-  _globals['_RELEASE']._serialized_end=608
-  _globals['_PLAN']._serialized_start=610
-  _globals['_PLAN']._serialized_end=652
-  _globals['_STATSREQUEST']._serialized_start=654
-  _globals['_STATSREQUEST']._serialized_end=668
-  _globals['_HOLDINGS']._serialized_start=670
-  _globals['_HOLDINGS']._serialized_end=700
-  _globals['_RESPONSE']._serialized_start=703
-  _globals['_RESPONSE']._serialized_end=969
-  _globals['_HELD']._serialized_start=971
-  _globals['_HELD']._serialized_end=993
-  _globals['_ACK']._serialized_start=995
-  _globals['_ACK']._serialized_end=1000
-  _globals['_OPENED']._serialized_start=1002
-  _globals['_OPENED']._serialized_end=1030
-  _globals['_BLOCK']._serialized_start=1032
-  _globals['_BLOCK']._serialized_end=1101
-  _globals['_STATS']._serialized_start=1103
-  _globals['_STATS']._serialized_end=1124
+  _globals['_REQUEST']._serialized_end=413
+  _globals['_HELLO']._serialized_start=415
+  _globals['_HELLO']._serialized_end=453
+  _globals['_OPEN']._serialized_start=455
+  _globals['_OPEN']._serialized_end=543
+  _globals['_GET']._serialized_start=545
+  _globals['_GET']._serialized_end=602
+  _globals['_RELEASE']._serialized_start=604
+  _globals['_RELEASE']._serialized_end=649
+  _globals['_PLAN']._serialized_start=651
+  _globals['_PLAN']._serialized_end=693
+  _globals['_STATSREQUEST']._serialized_start=695
+  _globals['_STATSREQUEST']._serialized_end=709
+  _globals['_HOLDINGS']._serialized_start=711
+  _globals['_HOLDINGS']._serialized_end=741
+  _globals['_RELAY']._serialized_start=743
+  _globals['_RELAY']._serialized_end=837
+  _globals['_RESPONSE']._serialized_start=840
+  _globals['_RESPONSE']._serialized_end=1151
+  _globals['_RELAYED']._serialized_start=1153
+  _globals['_RELAYED']._serialized_end=1179
+  _globals['_HELD']._serialized_start=1181
+  _globals['_HELD']._serialized_end=1203
+  _globals['_ACK']._serialized_start=1205
+  _globals['_ACK']._serialized_end=1210
+  _globals['_OPENED']._serialized_start=1212
+  _globals['_OPENED']._serialized_end=1240
+  _globals['_BLOCK']._serialized_start=1242
+  _globals['_BLOCK']._serialized_end=1311
+  _globals['_STATS']._serialized_start=1313
+  _globals['_STATS']._serialized_end=1334
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Request(_message.Message):
-    __slots__ = ("id", "hello", "open", "get", "release", "plan", "stats", "holdings")
+    __slots__ = ("id", "hello", "open", "get", "release", "plan", "stats", "holdings", "relay")
     ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class Request(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     HOLDINGS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     id: int
     hello: Hello
     open: Open
@@ -24,7 +25,8 @@ class Request(_message.Message):
     plan: Plan
     stats: StatsRequest
     holdings: Holdings
-    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., open: _Optional[_Union[Open, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., stats: _Optional[_Union[StatsRequest, _Mapping]] = ..., holdings: _Optional[_Union[Holdings, _Mapping]] = ...) -> None: ...
+    relay: Relay
+    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., open: _Optional[_Union[Open, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., stats: _Optional[_Union[StatsRequest, _Mapping]] = ..., holdings: _Optional[_Union[Holdings, _Mapping]] = ..., relay: _Optional[_Union[Relay, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("protocol", "pid")
@@ -82,8 +84,22 @@ class Holdings(_message.Message):
     dataset_id: str
     def __init__(self, dataset_id: _Optional[str] = ...) -> None: ...
 
+class Relay(_message.Message):
+    __slots__ = ("coordinator", "token", "calls", "timeout", "retry_for")
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FOR_FIELD_NUMBER: _ClassVar[int]
+    coordinator: str
+    token: str
+    calls: _containers.RepeatedScalarFieldContainer[bytes]
+    timeout: float
+    retry_for: float
+    def __init__(self, coordinator: _Optional[str] = ..., token: _Optional[str] = ..., calls: _Optional[_Iterable[bytes]] = ..., timeout: _Optional[float] = ..., retry_for: _Optional[float] = ...) -> None: ...
+
 class Response(_message.Message):
-    __slots__ = ("id", "error", "error_kind", "ack", "opened", "block", "stats", "held")
+    __slots__ = ("id", "error", "error_kind", "ack", "opened", "block", "stats", "held", "relayed")
     ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +108,7 @@ class Response(_message.Message):
     BLOCK_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     id: int
     error: str
     error_kind: str
@@ -100,7 +117,14 @@ class Response(_message.Message):
     block: Block
     stats: Stats
     held: Held
-    def __init__(self, id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., opened: _Optional[_Union[Opened, _Mapping]] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., held: _Optional[_Union[Held, _Mapping]] = ...) -> None: ...
+    relayed: Relayed
+    def __init__(self, id: _Optional[int] = ..., error: _Optional[str] = ..., error_kind: _Optional[str] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., opened: _Optional[_Union[Opened, _Mapping]] = ..., block: _Optional[_Union[Block, _Mapping]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., held: _Optional[_Union[Held, _Mapping]] = ..., relayed: _Optional[_Union[Relayed, _Mapping]] = ...) -> None: ...
+
+class Relayed(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, results: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Held(_message.Message):
     __slots__ = ("blocks",)

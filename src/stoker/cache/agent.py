@@ -41,6 +41,7 @@ from stoker.cache.server import AgentServer
 from stoker.cache.table import TierTable
 from stoker.cache.tiers import DiskTier, Key
 from stoker.cache.views import HeldImages, RecordBlocks, TokenBlocks
+from stoker.coordinator.relay import Relays
 from stoker.errors import AgentError, AgentRunningError, ConfigError
 from stoker.formats.tokens import TokenSource
 from stoker.observe.agent import AgentCollector, Counters
@@ -241,6 +242,7 @@ class Agent:
         self.frame_timeout = frame_timeout
         self._last_active = time.monotonic()
         self._server = AgentServer(self)  # the socket: accept, serve, dispatch, refuse
+        self.relays = Relays(self.counters)  # its readers' coordinator calls, one message a tick
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -348,6 +350,7 @@ class Agent:
         """Stop serving and remove the memory tier (decoded blocks die with their agent;
         readers keep what they have mapped). The disk tier stays for the next agent."""
         self._server.close()
+        self.relays.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._records.drain()  # what loads left for the disk tier, while the lock is held
         if self._shm_ok and self._lock_fd is not None:

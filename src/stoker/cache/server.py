@@ -187,6 +187,8 @@ class AgentServer:
                 return pb.Response(id=req.id, ack=pb.Ack())
             if kind == "stats":
                 return pb.Response(id=req.id, stats=pb.Stats(json=json.dumps(agent.stats())))
+            if kind == "relay":  # waits for the node's next coordinator message
+                return pb.Response(id=req.id, relayed=agent.relays.call(req.relay))
             if kind == "holdings":
                 return pb.Response(
                     id=req.id, held=pb.Held(blocks=agent.holdings(req.holdings.dataset_id))

@@ -20,13 +20,14 @@ a new one).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -37,6 +38,9 @@ from stoker.errors import ConfigError, CoordinatorRefused, refused
 from stoker.errors import ConsumerExpired as ConsumerExpired  # imported from here too
 from stoker.errors import CoordinatorUnavailable as CoordinatorUnavailable
 from stoker.errors import LeaseRejected as LeaseRejected
+
+if TYPE_CHECKING:
+    from stoker.coordinator.relay import RelayLink
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 ENV_TOKEN = "STOKER_COORDINATOR_TOKEN"
@@ -147,11 +151,16 @@ class CoordinatorClient:
         *,
         timeout: float = 10.0,
         retry_for: float = 120.0,
+        relay: str | None = None,
     ) -> None:
+        """``relay``: the socket of this node's agent, which carries the Lease, Heartbeat
+        and ConfirmBatch calls with the node's others (:mod:`stoker.coordinator.relay`)."""
         self.address = address
         self.token = token
         self.timeout = timeout
         self.retry_for = retry_for
+        self.relay = relay
+        self._link: RelayLink | None = None
         self._pid: int | None = None
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
@@ -162,8 +171,48 @@ class CoordinatorClient:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pid=None, _channel=None, _stub=None, _token=self.token)
+        state.update(_pid=None, _channel=None, _stub=None, _token=self.token, _link=None)
         return state
+
+    def relayed(self, relay: str | None) -> CoordinatorClient:
+        """This client with its Lease, Heartbeat and ConfirmBatch calls carried by the
+        agent at socket ``relay`` (None: made directly)."""
+        other = copy.copy(self)  # (its own channel and link: __getstate__)
+        other.relay = relay
+        return other
+
+    def _relayed(
+        self, calls: list[pb.Call], cancel: threading.Event | None = None
+    ) -> list[pb.Result] | None:
+        """``calls`` through the node agent (None: make them directly)."""
+        if self.relay is None:
+            return None
+        if self._link is None or self._link.path != self.relay:
+            from stoker.coordinator.relay import RelayLink
+
+            self._link = RelayLink(self.relay)
+        if not self._link.usable():
+            return None
+        if self._token is None:
+            self._token = find_token(self.address)
+        return self._link.call(
+            self.address,
+            self._token,
+            calls,
+            timeout=self.timeout,
+            retry_for=self.retry_for,
+            cancel=cancel,
+        )
+
+    def _one(self, name: str, kind: str, request: Any) -> Any:
+        """One Lease, Heartbeat or Confirm call: through the node agent when relayed."""
+        results = self._relayed([pb.Call(**{kind: request})])
+        if results is None:
+            return self._call(name, request)
+        r = results[0]
+        if r.WhichOneof("kind") == "error":
+            raise refused(r.error.code, r.error.message, r.error.reason)
+        return getattr(r, kind)
 
     def __repr__(self) -> str:  # never print the token
         return f"CoordinatorClient({self.address!r})"
@@ -237,8 +286,10 @@ class CoordinatorClient:
     def lease(self, consumer: int, epoch: int, held: list[int], ahead: bool = False) -> Grant:
         """A lease for ``consumer`` (which holds the leases ``held``); ``ahead``: asked
         early, while it still reads one (a fresh lease from the queue or ``"wait"``)."""
-        r = self._call(
-            "Lease", pb.LeaseRequest(consumer=consumer, epoch=epoch, held=held, ahead=ahead)
+        r = self._one(
+            "Lease",
+            "lease",
+            pb.LeaseRequest(consumer=consumer, epoch=epoch, held=held, ahead=ahead),
         )
         return Grant(
             _GRANT_STATUS[r.status], int(r.lease), int(r.start), int(r.end), int(r.horizon)
@@ -247,15 +298,18 @@ class CoordinatorClient:
     def heartbeat(
         self, consumer: int, epoch: int, lease: int = 0, read: int = 0
     ) -> dict[int, tuple[int, int]]:
-        r = self._call(
+        r = self._one(
             "Heartbeat",
+            "heartbeat",
             pb.HeartbeatRequest(consumer=consumer, epoch=epoch, lease=lease, read=read),
         )
         return {int(x.lease): (int(x.end), int(x.horizon)) for x in r.leases}
 
     def confirm(self, consumer: int, epoch: int, lease: int, upto: int) -> bool:
-        r = self._call(
-            "Confirm", pb.ConfirmRequest(consumer=consumer, epoch=epoch, lease=lease, upto=upto)
+        r = self._one(
+            "Confirm",
+            "confirm",
+            pb.ConfirmRequest(consumer=consumer, epoch=epoch, lease=lease, upto=upto),
         )
         return bool(r.lease_done)
 
@@ -264,8 +318,9 @@ class CoordinatorClient:
     ) -> list[bool | None]:
         """Confirm a batch's ``(lease, upto, rows)`` segments; per segment True (lease
         complete), False (confirmed) or None (refused: drop its rows)."""
-        r = self._call(
+        r = self._one(
             "ConfirmBatch",
+            "confirm_batch",
             pb.ConfirmBatchRequest(
                 consumer=consumer,
                 epoch=epoch,
@@ -304,7 +359,11 @@ class CoordinatorClient:
 
     def batch(self, calls: list[pb.Call], cancel: threading.Event | None = None) -> list[pb.Result]:
         """Many consumers' calls in one message; a result per call, in order (each an
-        answer or a ``CallError``). Retried as a whole: every call is idempotent."""
+        answer or a ``CallError``). Retried as a whole: every call is idempotent. Relayed,
+        they go with the node's other calls."""
+        results = self._relayed(calls, cancel)
+        if results is not None:
+            return results
         return list(self._call("Batch", pb.BatchRequest(calls=calls), cancel).results)
 
     def checkpoint(self, epoch: int, batches: int) -> tuple[str, dict[str, Any]]:
@@ -361,3 +420,5 @@ class CoordinatorClient:
         if self._channel is not None and self._pid == os.getpid():
             self._channel.close()
         self._channel = self._stub = None
+        if self._link is not None:
+            self._link.close()

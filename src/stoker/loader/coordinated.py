@@ -54,7 +54,9 @@ class CoordinatedEpoch:
         timeout: float = 300.0,
         ready: Callable[[int], None] | None = None,
     ) -> None:
-        self.ds, self.client, self.rank = ds, client, rank
+        # the Lease, Heartbeat and ConfirmBatch calls go with the node's others, one
+        # message per tick, through its agent when the dataset reads through one
+        self.ds, self.client, self.rank = ds, client.relayed(ds.relay()), rank
         self.num_workers, self.prefetch = num_workers, prefetch
         self.epoch: int | None = None
         self.min_epoch = min_epoch
@@ -128,6 +130,7 @@ class CoordinatedEpoch:
                     yield out
         finally:
             confirmer.close()
+            self.client.close()  # this epoch's copy: its channel and its link to the agent
         if held:
             merged = {k: torch.cat([r[k] for r in held]) for k in held[0]}
             n = len(merged["sample_id"])

@@ -240,6 +240,9 @@ class TokenDataset(PlannedDataset):
 
         return {"node": agent.node, "local": local}
 
+    def relay(self) -> str | None:
+        return None if self.agent is None else str(self.agent.paths.socket)
+
     def holds(self) -> Callable[[np.ndarray], np.ndarray] | None:
         agent = self.agent
         if agent is None:

@@ -167,6 +167,12 @@ class PlannedDataset(IterableDataset):  # type: ignore[type-arg]
         (``node`` and ``local(epoch)``; see :class:`~stoker.coordinator.consumer.LeaseStream`)."""
         return {}
 
+    def relay(self) -> str | None:
+        """The socket of the node agent that carries this rank's coordinator calls with
+        its node's others (:mod:`stoker.coordinator.relay`); None: each process makes its
+        own."""
+        return None
+
     def holds(self) -> Callable[[np.ndarray], np.ndarray] | None:
         """With a node agent: a test of this dataset's sample ids, whether the node's
         cache holds every block each is read from (what the agent holds when this is

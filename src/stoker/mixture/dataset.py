@@ -207,6 +207,11 @@ class Mixture(PlannedDataset):
         desc = self._description()
         return reindexed(self._described(desc), desc["weights"]["names"], self.names)
 
+    def relay(self) -> str | None:
+        """Its sources' node agent, when they read through one."""
+        sockets = {self.sources[n].relay() for n in self.names}
+        return sockets.pop() if len(sockets) == 1 else None
+
     def locality(self) -> dict[str, Any]:
         """With its sources read through one node agent: that node, and the positions of
         an epoch whose windows (whole steps of a rank, as long as the least lease a

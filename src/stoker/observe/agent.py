@@ -37,6 +37,8 @@ class Counters:
         "connections",
         "connections_refused",
         "bad_frames",
+        "relay_messages",
+        "relay_calls",
     )
 
     def __init__(self) -> None:
@@ -154,6 +156,16 @@ class AgentCollector:
             value=s["prefetch_lead"],
         )
         yield GaugeMetricFamily("stoker_agent_clients", "Connected readers", value=s["clients"])
+        yield CounterMetricFamily(
+            "stoker_agent_relay_messages",
+            "Batch messages the agent sent the coordinator for its node's readers",
+            value=s.get("relay_messages", 0),
+        )
+        yield CounterMetricFamily(
+            "stoker_agent_relay_calls",
+            "Coordinator calls of the node's readers those messages carried",
+            value=s.get("relay_calls", 0),
+        )
         yield CounterMetricFamily(
             "stoker_agent_connections_refused",
             "Connections refused because the agent served its maximum already",

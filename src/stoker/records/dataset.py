@@ -378,6 +378,9 @@ class RecordDataset(PlannedDataset):
         """Through a node agent, which keeps what it loads across epochs."""
         return self.agent is not None
 
+    def relay(self) -> str | None:
+        return None if self.agent is None else str(self.agent.paths.socket)
+
     def locality(self) -> dict[str, Any]:
         """With a node agent: the node's cache, and what of each epoch it holds (the
         windows whose blocks it mostly holds, in memory or on disk), for the coordinator's
