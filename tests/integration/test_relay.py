@@ -7,12 +7,14 @@ their calls themselves, and every sample still comes once."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 import pytest
 
 import stoker
+from stoker.cache.paths import AgentPaths
 from stoker.coordinator.client import CoordinatorClient
 from stoker.coordinator.server import Server
 from stoker.coordinator.service import Coordinator
@@ -94,3 +96,57 @@ def test_with_the_agent_killed_mid_epoch_processes_call_themselves_and_miss_noth
     assert sorted(ids) == list(range(ds.num_samples))  # once each, nothing lost
     assert [m for m in ALONE if before.get(m)] == []
     assert sum(after.get(m, 0) for m in ALONE) > 0  # made directly once the agent was gone
+
+
+def test_a_link_on_a_high_descriptor_a_cancel_and_an_unreachable_coordinator(
+    tmp_path: Path, agents: Agents
+) -> None:
+    """A RelayLink against a real agent: a process with a thousand files open (its socket
+    above 1023) is carried; a call given up (the Confirmer closing) raises at once while
+    the agent still retries; a coordinator the agent cannot reach sends the process to
+    call it itself."""
+    import resource
+    import threading
+    import time
+
+    from servers import free_port
+
+    from stoker._proto import coordinator_pb2 as pb
+    from stoker.coordinator.relay import RelayLink
+    from stoker.errors import CoordinatorUnavailable
+
+    cache = tmp_path / "cache"
+    agents.start(cache)
+    socket_path = str(AgentPaths(cache).socket)
+    server = Server(Coordinator(100, 1, str(tmp_path / "state"))).start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        direct = CoordinatorClient(server.address, server.token)
+        consumer, epoch = direct.register(0, 0)
+        link = RelayLink(socket_path)
+        call = pb.Call(lease=pb.LeaseRequest(consumer=consumer, epoch=epoch))
+        got = link.call(server.address, server.token, [call], timeout=5.0, retry_for=5.0)
+        assert got is not None and got[0].lease.status == pb.LeaseReply.GRANTED
+        assert link._local.conn.sock.fileno() > 1023 and link.relayed == 1
+        # nobody listens there: the agent retries for a minute, the cancel ends the wait
+        nowhere = f"127.0.0.1:{free_port()}"
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()
+        t = time.monotonic()
+        with pytest.raises(CoordinatorUnavailable, match="given up"):
+            link.call(nowhere, "", [call], timeout=1.0, retry_for=60.0, cancel=cancel)
+        assert time.monotonic() - t < 20  # not the agent's 60 s of retrying
+        # the agent gives up on it after 0.5 s: the process is told to call itself
+        assert link.call(nowhere, "", [call], timeout=0.5, retry_for=0.5) is None
+        assert not link.usable() and link.direct == 1
+        link.close()
+        direct.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        server.stop(0)

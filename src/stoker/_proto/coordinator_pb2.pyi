@@ -270,16 +270,20 @@ class Result(_message.Message):
     def __init__(self, lease: _Optional[_Union[LeaseReply, _Mapping]] = ..., heartbeat: _Optional[_Union[HeartbeatReply, _Mapping]] = ..., confirm: _Optional[_Union[ConfirmReply, _Mapping]] = ..., confirm_batch: _Optional[_Union[ConfirmBatchReply, _Mapping]] = ..., error: _Optional[_Union[CallError, _Mapping]] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
-    __slots__ = ("calls",)
+    __slots__ = ("calls", "sender")
     CALLS_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
     calls: _containers.RepeatedCompositeFieldContainer[Call]
-    def __init__(self, calls: _Optional[_Iterable[_Union[Call, _Mapping]]] = ...) -> None: ...
+    sender: str
+    def __init__(self, calls: _Optional[_Iterable[_Union[Call, _Mapping]]] = ..., sender: _Optional[str] = ...) -> None: ...
 
 class BatchReply(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "pace")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    PACE_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Result]
-    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...
+    pace: float
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., pace: _Optional[float] = ...) -> None: ...
 
 class OfferRequest(_message.Message):
     __slots__ = ("address", "rows_per_second", "leaving")

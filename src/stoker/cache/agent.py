@@ -25,6 +25,7 @@ import fcntl
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -242,7 +243,8 @@ class Agent:
         self.frame_timeout = frame_timeout
         self._last_active = time.monotonic()
         self._server = AgentServer(self)  # the socket: accept, serve, dispatch, refuse
-        self.relays = Relays(self.counters)  # its readers' coordinator calls, one message a tick
+        # its readers' coordinator calls, one message a tick, sent as this node's cache
+        self.relays = Relays(self.counters, sender=f"{socket.gethostname()}:{self.paths.cache_dir}")
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:

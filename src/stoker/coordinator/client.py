@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -152,14 +153,17 @@ class CoordinatorClient:
         timeout: float = 10.0,
         retry_for: float = 120.0,
         relay: str | None = None,
+        look_up: bool = True,
     ) -> None:
         """``relay``: the socket of this node's agent, which carries the Lease, Heartbeat
-        and ConfirmBatch calls with the node's others (:mod:`stoker.coordinator.relay`)."""
+        and ConfirmBatch calls with the node's others (:mod:`stoker.coordinator.relay`).
+        ``look_up``: without a token, look for one (:func:`find_token`); else send none."""
         self.address = address
         self.token = token
         self.timeout = timeout
         self.retry_for = retry_for
         self.relay = relay
+        self.look_up = look_up
         self._link: RelayLink | None = None
         self._pid: int | None = None
         self._channel: grpc.Channel | None = None
@@ -227,7 +231,7 @@ class CoordinatorClient:
     def _call(self, name: str, request: Any, cancel: threading.Event | None = None) -> Any:
         """One call, retried while the coordinator is away (up to ``retry_for``, or until
         ``cancel`` is set: then :class:`CoordinatorUnavailable` at once)."""
-        if self._token is None:
+        if self._token is None and self.look_up:
             self._token = find_token(self.address)
         deadline = time.monotonic() + self.retry_for
         delay = 0.05
@@ -240,7 +244,12 @@ class CoordinatorClient:
                 )
             except grpc.RpcError as exc:
                 code = exc.code()
-                if code == grpc.StatusCode.UNAUTHENTICATED and not self.token and not looked_again:
+                if (
+                    code == grpc.StatusCode.UNAUTHENTICATED
+                    and not self.token
+                    and self.look_up
+                    and not looked_again
+                ):
                     looked_again = True
                     fresh = find_token(self.address)
                     if fresh != self._token:
@@ -258,10 +267,12 @@ class CoordinatorClient:
                         f"({exc.details()})"
                     ) from None
                 self.retries += 1
-                # backoff while the coordinator is away
+                # backoff while the coordinator is away, spread so that a thousand nodes
+                # do not come back at the same moment
+                pause = delay * (0.5 + random.random())
                 if cancel is None:
-                    time.sleep(delay)
-                elif cancel.wait(delay):
+                    time.sleep(pause)
+                elif cancel.wait(pause):
                     raise CoordinatorUnavailable(
                         f"coordinator at {self.address}: the call was given up ({exc.details()})"
                     ) from None
@@ -364,7 +375,16 @@ class CoordinatorClient:
         results = self._relayed(calls, cancel)
         if results is not None:
             return results
-        return list(self._call("Batch", pb.BatchRequest(calls=calls), cancel).results)
+        return self.send_batch(calls, cancel)[0]
+
+    def send_batch(
+        self, calls: list[pb.Call], cancel: threading.Event | None = None, sender: str = ""
+    ) -> tuple[list[pb.Result], float]:
+        """One Batch message from this process (never relayed), as ``sender`` (a node's
+        relay names its node); its results and the pace the coordinator asks of the
+        sender (:mod:`stoker.coordinator.pacing`)."""
+        r = self._call("Batch", pb.BatchRequest(calls=calls, sender=sender), cancel)
+        return list(r.results), float(r.pace)
 
     def checkpoint(self, epoch: int, batches: int) -> tuple[str, dict[str, Any]]:
         """``(name, snapshot)`` of the moment every rank had handed out ``batches``

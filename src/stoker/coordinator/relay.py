@@ -30,7 +30,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stoker import errors
 from stoker._proto import agent_pb2 as apb
 from stoker._proto import coordinator_pb2 as pb
 from stoker.cache import wire
@@ -81,14 +80,23 @@ def take(queue: deque[_Waiting], limit: int = MAX_CALLS) -> list[_Waiting]:
 
 class Relay:
     """The calls of a node's processes to one coordinator (as ``client``), one ``Batch``
-    message at a time, at most one begun per ``tick``."""
+    message at a time, at most one begun per ``tick`` or per the pace the coordinator
+    asks (:mod:`stoker.coordinator.pacing`), whichever is longer; ``sender`` names the
+    node to the coordinator."""
 
     def __init__(
-        self, client: CoordinatorClient, counters: Counters | None = None, tick: float = TICK
+        self,
+        client: CoordinatorClient,
+        counters: Counters | None = None,
+        tick: float = TICK,
+        sender: str = "",
     ) -> None:
         self.client = client
         self.counters = counters
         self.tick = tick
+        self.sender = sender
+        self.pace = 0.0  # the coordinator's, from its last answer
+        self.used = time.monotonic()  # the last call's arrival
         self._queue: deque[_Waiting] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -101,14 +109,18 @@ class Relay:
     def call(self, calls: list[pb.Call]) -> list[pb.Result]:
         """The answers of ``calls``, each as the coordinator gave it (an answer or a
         ``CallError``), once the message carrying them came back. Raises what the
-        message raised (CoordinatorUnavailable past the client's ``retry_for``)."""
+        message raised (CoordinatorUnavailable past the client's ``retry_for``), and
+        AgentError once the relay stops."""
         w = _Waiting(calls)
         with self._cv:
             if self._closed:
                 raise AgentError("the agent is stopping: its relay carries no more calls")
+            self.used = time.monotonic()
             self._queue.append(w)
             self._cv.notify_all()
-        w.done.wait()
+        while not w.done.wait(1.0):
+            if not self._thread.is_alive():
+                raise AgentError("the agent's relay thread ended")
         if w.error is not None:
             raise w.error
         return w.results
@@ -119,8 +131,9 @@ class Relay:
                 self._cv.wait()
             if not self._queue:
                 return None
-            # at most one message begun per tick: what arrives meanwhile goes with it
-            while (left := last + self.tick - time.monotonic()) > 0 and not self._closed:
+            # at most one message begun per tick (or pace): what arrives meanwhile goes with it
+            every = max(self.tick, self.pace)
+            while (left := last + every - time.monotonic()) > 0 and not self._closed:
                 self._cv.wait(left)
             return take(self._queue)
 
@@ -130,15 +143,17 @@ class Relay:
             last = time.monotonic()
             calls = [c for w in batch for c in w.calls]
             try:
-                results = self.client.batch(calls, self._cancel)
+                results, self.pace = self.client.send_batch(calls, self._cancel, self.sender)
                 if len(results) != len(calls):
                     raise AgentError(
                         f"the coordinator at {self.client.address} answered {len(results)} "
                         f"of {len(calls)} calls"
                     )
             except BaseException as exc:  # every waiter learns it
+                # given up by the agent stopping, not by the coordinator
+                stopped = AgentError("the agent stopped before the coordinator answered")
                 for w in batch:
-                    w.error = exc
+                    w.error = stopped if self._closed else exc
                     w.done.set()
                 continue
             self.messages += 1
@@ -152,29 +167,50 @@ class Relay:
                 i += len(w.calls)
                 w.done.set()
 
+    def idle(self, now: float) -> float:
+        """Seconds since the last call came, 0 while calls wait."""
+        with self._cv:
+            return 0.0 if self._queue else now - self.used
+
     def close(self) -> None:
-        """Stop: what waits is sent once more, a message the coordinator does not answer
-        is given up (its waiters get CoordinatorUnavailable and call it themselves)."""
+        """Stop: what waits gets AgentError (its process then calls the coordinator
+        itself), a message being retried is given up."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
         self._cancel.set()
         self._thread.join(timeout=self.client.timeout + 1.0)
+        self.client.close()
+
+
+#: A relay that carried nothing for this long is closed (its job is over).
+IDLE_SECONDS = 300.0
 
 
 class Relays:
-    """An agent's relays, one per coordinator and token, made at their first call."""
+    """An agent's relays, one per coordinator, token and client settings, made at their
+    first call and closed once idle for :data:`IDLE_SECONDS`. The agent never looks a
+    token up itself: a call with none is sent with none."""
 
-    def __init__(self, counters: Counters | None = None, tick: float = TICK) -> None:
+    def __init__(
+        self, counters: Counters | None = None, tick: float = TICK, sender: str = ""
+    ) -> None:
         self.counters = counters
         self.tick = tick
+        self.sender = sender
         self._lock = threading.Lock()
-        self._relays: dict[tuple[str, str], Relay] = {}
+        self._relays: dict[tuple[str, str, float, float], Relay] = {}
+        self._closed = False
 
     def call(self, req: apb.Relay) -> apb.Relayed:
         """Carry a process's Relay request; its answers in order."""
         if not req.coordinator:
             raise AgentError("a relayed call names no coordinator")
+        if not req.timeout > 0 or req.retry_for < 0:
+            raise AgentError(
+                f"a relayed call needs timeout > 0 and retry_for >= 0, got {req.timeout} and "
+                f"{req.retry_for}"
+            )
         calls = []
         for raw in req.calls:
             call = pb.Call()
@@ -192,40 +228,69 @@ class Relays:
     def _relay(self, req: apb.Relay) -> Relay:
         from stoker.coordinator.client import CoordinatorClient
 
-        key = (req.coordinator, req.token)
+        key = (req.coordinator, req.token, req.timeout, req.retry_for)
+        now = time.monotonic()
         with self._lock:
+            if self._closed:
+                raise AgentError("the agent is stopping: its relay carries no more calls")
+            idle = [k for k, r in self._relays.items() if k != key and r.idle(now) > IDLE_SECONDS]
+            gone = [self._relays.pop(k) for k in idle]
             relay = self._relays.get(key)
             if relay is None:
                 client = CoordinatorClient(
                     req.coordinator,
                     req.token or None,
-                    timeout=req.timeout if req.timeout > 0 else 10.0,
-                    retry_for=req.retry_for if req.retry_for >= 0 else 120.0,
+                    timeout=req.timeout,
+                    retry_for=req.retry_for,
+                    look_up=False,
                 )
-                relay = self._relays[key] = Relay(client, self.counters, self.tick)
-            return relay
+                relay = self._relays[key] = Relay(client, self.counters, self.tick, self.sender)
+        for r in gone:
+            r.close()
+        return relay
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._relays)
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             relays, self._relays = list(self._relays.values()), {}
         for r in relays:
             r.close()
-            r.client.close()
 
 
 # -- a process's side ------------------------------------------------------------------
+class _Conn:
+    """One thread's connection to the agent, in the process that opened it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pid = os.getpid()
+        self.next_id = 1
+        self.closed = False
+
+
+#: Seconds past its client's ``timeout`` a process waits for the agent's answer before it
+#: calls the coordinator itself: well within the coordinator's consumer timeout (30 s),
+#: so a stopped agent does not let its node's consumers expire.
+LINK_GRACE = 10.0
+
+
 class RelayLink:
-    """A process's connection to its node agent's relay (at the socket ``path``), opened
-    at the first call in each process; calls from several threads take turns."""
+    """A process's connections to its node agent's relay (at the socket ``path``): one
+    per thread (the Confirmer's thread and the readers' do not wait for each other),
+    opened at its first call in each process."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-        self._sock: socket.socket | None = None
-        self._next_id = 1
+        self._local = threading.local()
+        self._all: list[_Conn] = []  # every thread's, to close
+        self._all_lock = threading.Lock()
         self._off_until = 0.0  # calls go to the coordinator directly until then
         self._unsupported = False  # the agent does not relay (an older one)
+        self._said: set[str] = set()  # what was logged once
         self.relayed = 0  # calls the agent carried for this process
         self.direct = 0  # calls this process made itself because the agent did not
 
@@ -244,9 +309,12 @@ class RelayLink:
         cancel: threading.Event | None = None,
     ) -> list[pb.Result] | None:
         """The coordinator's answers to ``calls`` through the agent; None when the agent
-        did not carry them (make them directly). Raises CoordinatorUnavailable when the
-        agent could not reach the coordinator for ``retry_for`` seconds, or at once when
-        ``cancel`` is set while waiting."""
+        did not carry them (make them directly: whatever the agent's trouble, the
+        process may fare better). Raises CoordinatorUnavailable at once when ``cancel``
+        is set while it waits."""
+        if not self.usable():
+            self.direct += len(calls)
+            return None
         req = apb.Request(
             relay=apb.Relay(
                 coordinator=address,
@@ -256,26 +324,22 @@ class RelayLink:
                 retry_for=retry_for,
             )
         )
-        with self._lock:
-            if not self.usable():
-                self.direct += len(calls)
-                return None
-            try:
-                resp = self._exchange(req, retry_for + timeout + 30.0, cancel)
-            except (OSError, wire.ProtocolError) as exc:
-                self._drop()
-                self._off_until = time.monotonic() + RETRY_SECONDS
-                log.info("the agent at %s did not carry coordinator calls (%s)", self.path, exc)
-                self.direct += len(calls)
-                return None
+        try:
+            resp = self._exchange(req, timeout + LINK_GRACE, cancel)
+        except CoordinatorUnavailable:
+            raise  # given up (cancel): the caller stops
+        except (OSError, wire.ProtocolError) as exc:
+            self._drop()
+            self._off_until = time.monotonic() + RETRY_SECONDS
+            self._say("link", f"the agent at {self.path} did not carry coordinator calls ({exc})")
+            self.direct += len(calls)
+            return None
         if resp.error:
-            err = errors.decode(resp.error_kind, resp.error)
-            if isinstance(err, CoordinatorUnavailable):
-                raise err
-            if "unknown request" in resp.error:
+            if resp.error_kind == "AgentError" and resp.error.startswith("unknown request"):
                 self._unsupported = True  # an agent that does not relay
-            # a refusal of the whole message (a token the agent's client lacks, ...): the
-            # direct call gets it with its own handling (looking for a newer token)
+            else:  # the coordinator away or refusing the message: the process tries itself
+                self._off_until = time.monotonic() + RETRY_SECONDS
+            self._say(resp.error_kind, f"the agent at {self.path} did not carry: {resp.error}")
             self.direct += len(calls)
             return None
         out = []
@@ -289,10 +353,19 @@ class RelayLink:
         self.relayed += len(calls)
         return out
 
-    def _connect(self) -> socket.socket:
-        if self._sock is not None and self._pid == os.getpid():
-            return self._sock
-        self._sock = None  # a parent's connection (forked) is the parent's
+    def _say(self, what: str, text: str) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.info("%s; calling the coordinator directly for now", text)
+
+    def _conn(self) -> _Conn:
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        if conn is not None and conn.pid == os.getpid() and not conn.closed:
+            return conn
+        if conn is not None and not conn.closed:  # a parent's (forked): this copy goes
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            self._local.conn = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(5.0)
         try:
@@ -309,37 +382,47 @@ class RelayLink:
             sock.close()
             raise wire.ProtocolError(f"the agent refused the connection: {resp.error}")
         sock.settimeout(None)
-        self._sock, self._pid = sock, os.getpid()
-        return sock
+        conn = self._local.conn = _Conn(sock)
+        with self._all_lock:
+            self._all = [c for c in self._all if c.pid == conn.pid] + [conn]
+        return conn
 
     def _exchange(
         self, req: apb.Request, wait: float, cancel: threading.Event | None
     ) -> apb.Response:
-        sock = self._connect()
-        req.id = self._next_id
-        self._next_id += 1
-        wire.send(sock, req)
+        conn = self._conn()
+        req.id = conn.next_id
+        conn.next_id += 1
+        wire.send(conn.sock, req)
         deadline = time.monotonic() + wait
-        while True:  # the answer may take the coordinator's restart: wait, but stay cancellable
-            ready, _, _ = select.select([sock], [], [], 0.1)
-            if ready:
-                break
+        poll = select.poll()  # (select() cannot watch a descriptor above 1023)
+        poll.register(conn.sock, select.POLLIN)
+        while not poll.poll(100):  # the answer may take a while: wait, but stay cancellable
             if cancel is not None and cancel.is_set():
                 self._drop()  # its answer would come on this connection: not used again
                 raise CoordinatorUnavailable(f"{self.path}: the relayed call was given up")
             if time.monotonic() > deadline:
                 raise wire.ProtocolError(f"no answer from the agent in {wait:.0f} s")
-        resp = wire.recv(sock, apb.Response, wire.MAX_FRAME, 30.0)
+        resp = wire.recv(conn.sock, apb.Response, wire.MAX_FRAME, 30.0)
         if resp.id != req.id:
             raise wire.ProtocolError(f"answer {resp.id} to request {req.id}")
         return resp
 
     def _drop(self) -> None:
-        if self._sock is not None and self._pid == os.getpid():
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None and conn.pid == os.getpid():
+            conn.closed = True
             with contextlib.suppress(OSError):
-                self._sock.close()
-        self._sock = None
+                conn.sock.close()
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        """Close every thread's connection of this process (a later call opens anew)."""
+        self._local.conn = None
+        with self._all_lock:
+            mine = [c for c in self._all if c.pid == os.getpid()]
+            self._all = []
+        for c in mine:
+            c.closed = True
+            with contextlib.suppress(OSError):
+                c.sock.close()

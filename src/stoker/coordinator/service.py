@@ -40,6 +40,7 @@ from stoker.coordinator.commit import GroupCommit
 from stoker.coordinator.journal import Journal
 from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTable
 from stoker.coordinator.metrics import CoordinatorMetrics
+from stoker.coordinator.pacing import Pacer
 from stoker.coordinator.pool import OFFER_SECONDS, PoolTable
 from stoker.errors import ConfigError
 
@@ -97,6 +98,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self._taken = 0  # the current table's events handed to the commit
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
         self.metrics = CoordinatorMetrics()
+        self.pacer = Pacer()  # how often each node's relay may send (under self._lock)
         # the preprocessing pool's workers and demand (not journaled: told again every few
         # seconds, so a restarted coordinator has them back at once)
         self.pool = PoolTable(timeout=max(self.config.timeout, 3 * OFFER_SECONDS))
@@ -362,10 +364,11 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                 self._flush()
                 self._advance()
             mine = self._flush()
+            pace = self.pacer.heard(request.sender, time.monotonic())
         if durable:
             self._sync(mine)
         self.metrics.observe("Batch", time.perf_counter() - t)
-        return pb.BatchReply(results=results)
+        return pb.BatchReply(results=results, pace=pace)
 
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
