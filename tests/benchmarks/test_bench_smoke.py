@@ -55,6 +55,23 @@ def test_agent_remote_quick_fetches_each_block_once() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_scale_bench_quick_loses_nothing_through_a_restart() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/scale_bench.py", "--quick", "--nodes", "8",
+         "--seconds", "1"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    r = json.loads((ROOT / "benchmarks/.work/scale-quick.json").read_text())["run"]
+    assert [p["paced"] for p in r["phases"]] == [False, True]
+    assert all(p["lease_per_s"] > 0 for p in r["phases"])
+    # every confirm answered before the SIGKILL is in the restarted coordinator's count
+    assert r["confirmed_by_load"] > 0
+    assert r["consumed_after_restart"] == r["confirmed_by_load"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_coordinator_bench_quick_runs() -> None:
     result = subprocess.run(
         [sys.executable, "benchmarks/coordinator_bench.py", "--quick"],

@@ -12,6 +12,7 @@ from stoker import settings
 from stoker.cli.common import shared_token
 from stoker.coordinator.leases import Config
 from stoker.coordinator.limits import HANDSHAKE_TIMEOUT, MAX_CONNECTIONS
+from stoker.coordinator.pacing import BUDGET
 from stoker.errors import ConfigError
 
 
@@ -73,6 +74,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="file holding the shared token (else $STOKER_COORDINATOR_TOKEN); required off "
         "loopback. Without one a loopback coordinator makes its own and writes it to a file "
         "only its user can read (printed), where clients on this machine find it",
+    )
+    ap.add_argument(
+        "--message-budget",
+        type=float,
+        default=BUDGET,
+        help=f"Batch messages a second all node relays together are paced to (default "
+        f"{BUDGET:.0f}; 0: no pace). Each relay waits senders / budget seconds between its "
+        "messages",
     )
     ap.add_argument(
         "--max-connections",
@@ -139,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         generated_before = token is not None
     else:
         generated_before = False
+    coordinator.pacer.budget = max(0.0, args.message_budget)
     server = Server(
         coordinator,
         args.bind,
