@@ -3,13 +3,14 @@ and restores of those checkpoints on another world, against a model of the loade
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from stoker.coordinator import delivery
+from stoker.coordinator import delivery, image
 from stoker.coordinator.leases import WAIT, Config, LeaseError, LeaseTable
 
 CFG = Config(lease_size=6, timeout=10.0, readahead_seconds=1.0, min_readahead=3, min_steal=2)
@@ -174,6 +175,11 @@ def test_checkpoint_then_restore_on_another_world_is_exactly_once(
         assert [members(b) for b in t.handed_out(r)][: len(sim.handed[r])] == sim.handed[r]
     # a replayed journal checkpoints the same
     assert LeaseTable.replay(t.events, CFG).snapshot_at(k) == snap
+    # and so does the table's image (its batch logs and kept answers included)
+    back = image.load(json.loads(json.dumps(image.dump(t))))
+    assert {k: v for k, v in vars(back).items() if k != "events"} == {
+        k: v for k, v in vars(t).items() if k != "events"
+    }
 
     # the job goes down and comes back on another world from the checkpoint
     t2 = LeaseTable.restore(snap, new_world, CFG, origin="x", first_ids=t.next_ids)

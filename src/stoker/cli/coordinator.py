@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         index=index,
         dataset_url=dataset_url,
         restore=args.restore,
+        gc_freeze=True,  # this process is the coordinator's own
     )
     if token is None and args.bind.rsplit(":", 1)[-1] not in ("", "0"):
         from stoker import runtime

@@ -60,6 +60,22 @@ class GroupCommit:
                     raise
                 self._written += len(batch)
 
+    def rotate(self) -> int:
+        """Write everything buffered, then end the journal's segment; the number of the
+        segment the next events go to (an image of the table is taken at this point)."""
+        with self._write_lock:
+            with self._lock:
+                batch, self._buffer = self._buffer, []
+            if batch:
+                try:
+                    self.journal.append(batch)
+                except BaseException:
+                    with self._lock:
+                        self._buffer[:0] = batch
+                    raise
+                self._written += len(batch)
+            return self.journal.rotate()
+
     def start(self) -> None:
         """Write what calls that need not wait left behind, every ``interval``."""
         threading.Thread(target=self._run, daemon=True, name="stoker-journal").start()

@@ -13,6 +13,7 @@ damaged) stops the replay with an error naming it; nothing is skipped silently.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -67,11 +68,17 @@ class Journal:
             self._open = None
             self._seq += 1
 
-    def read(self) -> list[dict[str, Any]]:
-        """Every event, in order."""
+    def rotate(self) -> int:
+        """End the segment being appended to (the next append begins a new one); the
+        number that next segment will have."""
+        self.close()
+        return self._seq
+
+    def read(self, first: int = 1) -> list[dict[str, Any]]:
+        """Every event, in order, of the segments from number ``first`` on."""
         events: list[dict[str, Any]] = []
-        expected = 1
-        segments = self._segments()
+        expected = first
+        segments = [(seq, path) for seq, path in self._segments() if seq >= first]
         for seq, path in segments:
             where = self.storage.url_of(path)
             if seq != expected:
@@ -91,6 +98,36 @@ class Journal:
                 except json.JSONDecodeError as exc:
                     raise StateError(f"{where} line {n}: corrupt journal entry ({exc})") from exc
         return events
+
+    # -- images of the table (a restart loads the last, then reads the segments after) --
+    def write_image(self, segment: int, data: bytes) -> None:
+        """Store an image of the tables as they were before segment ``segment`` (whole or
+        absent); the images before the one before it go."""
+        self.storage.write_atomic(f"images/{self.job}/{segment:012d}.json", data)
+        for seq in self._images()[:-2]:
+            with contextlib.suppress(OSError):
+                self.storage.remove(f"images/{self.job}/{seq:012d}.json")
+
+    def _images(self) -> list[int]:
+        try:
+            names = self.storage.list(f"images/{self.job}")
+        except FileNotFoundError:
+            return []
+        return sorted(int(b[:-5]) for b in names if b.endswith(".json") and b[:-5].isdigit())
+
+    def last_image(self) -> tuple[int, dict[str, Any]] | None:
+        """``(segment, image)`` of the newest image the journal's segments continue (its
+        segment is at most one past the last), or None."""
+        last = self._last_seq()
+        for seq in reversed(self._images()):
+            if seq > last + 1:
+                continue
+            path = f"images/{self.job}/{seq:012d}.json"
+            try:
+                return seq, dict(json.loads(self.storage.read(path)))
+            except (OSError, ValueError, TypeError) as exc:
+                raise StateError(f"{self.storage.url_of(path)}: unreadable image ({exc})") from exc
+        return None
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint_path(self, name: str) -> str:

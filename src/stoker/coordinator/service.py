@@ -21,12 +21,14 @@ peers that went away.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import logging
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import grpc
@@ -34,7 +36,7 @@ import grpc
 from stoker import intervals, plan
 from stoker._proto import coordinator_pb2 as pb
 from stoker._proto import coordinator_pb2_grpc as pb_grpc
-from stoker.coordinator import locality
+from stoker.coordinator import image, locality
 from stoker.coordinator.client import REASON_KEY
 from stoker.coordinator.commit import GroupCommit
 from stoker.coordinator.journal import Journal
@@ -45,6 +47,15 @@ from stoker.coordinator.pool import OFFER_SECONDS, PoolTable
 from stoker.errors import ConfigError
 
 log = logging.getLogger("stoker.coordinator")
+
+#: Journaled events between two images of the tables: a restart reads the last image and
+#: replays at most this many events (plus the epochs begun since), a second or two
+#: rather than the whole epoch's journal (benchmarks/scale_bench.py).
+IMAGE_EVERY = 70_000
+#: Events between two ``gc.freeze()`` of a coordinator process (``gc_freeze``).
+FREEZE_EVERY = 20_000
+#: About the journal bytes of one event (a lease or a confirm of a lease, JSON).
+EVENT_BYTES = 150
 
 _CODES = {
     "unknown_consumer": grpc.StatusCode.NOT_FOUND,
@@ -85,8 +96,15 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         storage_options: dict[str, Any] | None = None,
         clock: Any = time.time,  # wall clock: the journal's times outlive the process
         restore: str | None = None,
+        gc_freeze: bool = False,
     ) -> None:
+        """``gc_freeze``: this process is the coordinator's own; move the tables out of
+        the cyclic collector's way after loading them and every :data:`FREEZE_EVERY`
+        events (at a thousand nodes its full collections took 40% of the CPU and
+        stalled calls for most of a second)."""
         self.num_samples = num_samples
+        self.gc_freeze = gc_freeze
+        self._since_freeze = 0
         self.world = world
         self.config = config or Config()
         self.drop_remainder = drop_remainder
@@ -96,6 +114,10 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.commit = GroupCommit(self.journal)
         self._lock = threading.Lock()  # the tables
         self._taken = 0  # the current table's events handed to the commit
+        self._since_image = 0  # events journaled since the last image
+        self.image_every = IMAGE_EVERY
+        self._image_events = 0  # events the last image's size stands for
+        self._imaging = ThreadPoolExecutor(1, thread_name_prefix="stoker-image")
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
         self.metrics = CoordinatorMetrics()
         self.pacer = Pacer()  # how often each node's relay may send (under self._lock)
@@ -109,15 +131,56 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             "confirm": self._confirm,
             "confirm_batch": self._confirm_batch,
         }
-        events = [Event.from_json(e) for e in self.journal.read()]
+        # the last image of the tables, then the journal's events after it (or all of them);
+        # without the cyclic collector meanwhile (it would walk the growing tables again
+        # and again: a replay three times slower), and the tables frozen out of its way
+        t0 = time.perf_counter()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._load(restore, world, num_samples, drop_remainder, state_url, job)
+        finally:
+            if collecting:
+                gc.enable()
+        if self.gc_freeze:
+            gc.freeze()
+        log.info("ready in %.2f s", time.perf_counter() - t0)
+        with self._lock:
+            self._advance()
+            mine = self._flush()
+        self._sync(mine)
+
+    def _load(
+        self,
+        restore: str | None,
+        world: int,
+        num_samples: int,
+        drop_remainder: bool,
+        state_url: str,
+        job: str,
+    ) -> None:
+        """The tables from the journal (its last image and what follows), a checkpoint, or
+        fresh."""
+        t0 = time.perf_counter()
+        found = self.journal.last_image() if restore is None else None
+        events = [Event.from_json(e) for e in self.journal.read(found[0] if found else 1)]
         tables = _split_epochs(events)
         # the epoch before the current one answers its consumers' last calls (DONE, retries)
         self.previous: LeaseTable | None = None
-        last = LeaseTable.replay(tables[-1], self.config) if tables else None
+        chain: list[LeaseTable] = []  # the tables, oldest first (of the image's on)
+        origins = [t[0].args.get("origin", "") for t in tables]
+        if found is not None:
+            imaged = image.load(found[1]["table"])
+            for ev in events[: len(events) - sum(len(t) for t in tables)]:  # before a begin
+                imaged.apply(ev)
+            chain.append(imaged)
+            if found[1].get("previous") is not None:
+                self.previous = image.load(found[1]["previous"])
+            origins.insert(0, str(found[1].get("origin", "")))
+        chain += [LeaseTable.replay(t, self.config) for t in tables[-2:]]
+        last = chain[-1] if chain else None
         # the checkpoint the journal's run descends from (later epochs' tables too)
-        journal_origin = next(
-            (o for o in reversed([t[0].args.get("origin", "") for t in tables]) if o), ""
-        )
+        journal_origin = next((o for o in reversed(origins) if o), "")
         if restore is not None:
             # a new generation from a checkpoint, on this coordinator's world, whatever the
             # journal holds (progress after the checkpoint is what a relaunch discards);
@@ -139,28 +202,76 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                     f"the journal of job {job!r} under {state_url} is for {last.world} ranks, "
                     f"not {world}: restore from a checkpoint to change the world"
                 )
-            if len(tables) > 1:
-                self.previous = LeaseTable.replay(tables[-2], self.config)
+            if len(chain) > 1:
+                self.previous = chain[-2]
             self.table = last
             self._taken = len(self.table.events)
             self.table.revive(self._now())
-            log.info("resumed epoch %d from the journal (%d events)", self.table.epoch, len(events))
+            log.info(
+                "resumed epoch %d from the journal (%s%d events) in %.2f s",
+                self.table.epoch,
+                f"an image before segment {found[0]}, then " if found else "",
+                len(events),
+                time.perf_counter() - t0,
+            )
         else:
             first = plan.first_epoch_set(0, num_samples, world, drop_remainder)
             self.table = LeaseTable(0, _pairs(first), world, self.config)
         self.origin = self.table.origin or journal_origin
-        with self._lock:
-            self._advance()
-            mine = self._flush()
-        self._sync(mine)
 
     # -- journal (group commit) ---------------------------------------------------------
     def _flush(self) -> int:
         """Hand the table's new events to the group commit (call with the lock held);
-        returns how many events have been buffered in all, to wait for with :meth:`_sync`."""
+        returns how many events have been buffered in all, to wait for with :meth:`_sync`.
+        Every :attr:`image_every` events an image of the tables is taken."""
         new = self.table.events[self._taken :]
         self._taken = len(self.table.events)
-        return self.commit.add(new) if new else self.commit.buffered
+        if not new:
+            return self.commit.buffered
+        upto = self.commit.add(new)
+        self._since_freeze += len(new)
+        if self.gc_freeze and self._since_freeze >= FREEZE_EVERY:
+            self._since_freeze = 0
+            gc.freeze()  # what the table holds now is long-lived: out of the collector's way
+        self._since_image += len(new)
+        if self._since_image >= max(self.image_every, self._image_events):
+            self._take_image()
+        return upto
+
+    def _take_image(self) -> None:
+        """Write an image of the tables as of now, the journal's next segment after it,
+        so that a restart reads only what follows (call with the lock held: the journal
+        is written up to now first, a few ms; the image is stored on a thread)."""
+        t = time.perf_counter()
+        self._since_image = 0
+        segment = self.commit.rotate()
+        doc = {
+            "segment": segment,
+            "table": image.dump(self.table),
+            "previous": image.dump(self.previous) if self.previous is not None else None,
+            "origin": self.origin if hasattr(self, "origin") else "",
+        }
+        del self.table.events[1 : self._taken]  # journaled and imaged: not kept twice
+        self._taken = len(self.table.events)
+        # (the image holds copies: it is serialised and stored on a thread)
+        self._imaging.submit(self._store_image, segment, doc, time.perf_counter() - t)
+
+    def _store_image(self, segment: int, doc: dict[str, Any], took: float) -> None:
+        try:
+            data = json.dumps(doc, separators=(",", ":")).encode()
+            # the next image once the journal has grown by about this one's size: a
+            # restart then reads at most about twice an image's bytes, and images at most
+            # double what is written
+            self._image_events = len(data) // EVENT_BYTES
+            self.journal.write_image(segment, data)
+            log.info(
+                "image of the tables before journal segment %d: %d bytes, %.2f s under the lock",
+                segment,
+                len(data),
+                took,
+            )
+        except Exception as exc:  # the journal is whole: a restart replays more, that is all
+            log.warning("could not store the image before segment %d: %s", segment, exc)
 
     def _sync(self, upto: int) -> None:
         """Return once the first ``upto`` buffered events are in the journal."""
@@ -240,6 +351,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         with self._lock:
             self._flush()
         self.commit.close()
+        self._imaging.shutdown(wait=True)  # an image being stored is finished
 
     # -- RPCs ---------------------------------------------------------------------------
     def Register(
@@ -273,12 +385,10 @@ class Coordinator(pb_grpc.CoordinatorServicer):
 
     def _consumer_id(self) -> int:
         """A fresh random id (63 bits, not 0, in neither table): not guessable."""
-        taken = set(self.table.consumers)
-        if self.previous is not None:
-            taken |= set(self.previous.consumers)
+        prev = self.previous.consumers if self.previous is not None else {}
         while True:
             cid = secrets.randbits(63)
-            if cid and cid not in taken:
+            if cid and cid not in self.table.consumers and cid not in prev:
                 return cid
 
     # -- the calls, on the table (with the lock held) ------------------------------------
