@@ -45,36 +45,30 @@ class GroupCommit:
     def sync(self, upto: int) -> None:
         """Return once the first ``upto`` buffered events are in the journal."""
         with self._write_lock:
-            if self._written >= upto:
-                return
-            with self._lock:
-                batch, self._buffer = self._buffer, []
-            if batch:
-                try:
-                    self.journal.append(batch)
-                except BaseException:
-                    # not written: back in front of what came meanwhile, for the next sync
-                    # (a waiter must not find the buffer empty and answer unwritten calls)
-                    with self._lock:
-                        self._buffer[:0] = batch
-                    raise
-                self._written += len(batch)
+            if self._written < upto:
+                self._write()
 
     def rotate(self) -> int:
         """Write everything buffered, then end the journal's segment; the number of the
         segment the next events go to (an image of the table is taken at this point)."""
         with self._write_lock:
-            with self._lock:
-                batch, self._buffer = self._buffer, []
-            if batch:
-                try:
-                    self.journal.append(batch)
-                except BaseException:
-                    with self._lock:
-                        self._buffer[:0] = batch
-                    raise
-                self._written += len(batch)
+            self._write()
             return self.journal.rotate()
+
+    def _write(self) -> None:
+        """Write what is buffered (with the write lock held)."""
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+        if batch:
+            try:
+                self.journal.append(batch)
+            except BaseException:
+                # not written: back in front of what came meanwhile, for the next sync
+                # (a waiter must not find the buffer empty and answer unwritten calls)
+                with self._lock:
+                    self._buffer[:0] = batch
+                raise
+            self._written += len(batch)
 
     def start(self) -> None:
         """Write what calls that need not wait left behind, every ``interval``."""
