@@ -3,6 +3,7 @@ and the journal after it, to the table a replay of the whole journal gives."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def test_a_restart_loads_the_last_image_and_replays_only_the_events_after_it(
     epoch = c.table.epoch
     c.close()
     journal = Journal(str(tmp_path), "job")
-    found = journal.last_image()
+    found = next(journal.images(), None)
     assert found is not None and epoch >= 1
     assert len(journal.read(found[0])) < len(journal.read()) / 2  # a restart reads less
     # the whole journal's last two epochs, replayed, revived as a restart does
@@ -90,3 +91,32 @@ def test_a_restart_loads_the_last_image_and_replays_only_the_events_after_it(
     third = start(tmp_path)  # and restarts again from its own images
     assert third.table.consumed == again.table.consumed
     third.close()
+
+
+def test_an_image_that_does_not_read_or_belong_is_passed_over(tmp_path: Path) -> None:
+    """A damaged image, one of another stoker version and one left from another journal
+    under the same name are passed over: the restart takes an older image or replays the
+    whole journal, to the same table."""
+    c = start(tmp_path)
+    work(c, register(c), 8)
+    c.close()
+    journal = Journal(str(tmp_path), "job")
+    tables = _split_epochs([Event.from_json(e) for e in journal.read()])
+    expect = LeaseTable.replay(tables[-1], CFG)
+    expect.revive(NOW)
+    images = sorted((tmp_path / "images" / "job").glob("*.json"))
+    assert len(images) == 2  # the last two are kept
+    newest, older = images[-1], images[0]
+    newest.write_text(newest.read_text()[:-40])  # cut short
+    assert everything(start(tmp_path).table) == everything(expect)
+    doc = json.loads(older.read_text())
+    doc["table"]["version"] = 99
+    older.write_text(json.dumps(doc))
+    # the older one is offered, and refused at its load: the whole journal
+    assert [seq for seq, _ in Journal(str(tmp_path), "job").images()] == [int(older.stem)]
+    assert everything(start(tmp_path).table) == everything(expect)
+    doc["table"]["version"] = 2
+    doc["before"] = [doc["before"][0], doc["before"][1] + 1]  # not this journal's segment
+    older.write_text(json.dumps(doc))
+    assert list(Journal(str(tmp_path), "job").images()) == []  # not offered at all
+    assert everything(start(tmp_path).table) == everything(expect)

@@ -64,6 +64,17 @@ def test_a_torn_last_line_is_skipped_and_other_damage_stops_the_replay(tmp_path:
         Journal(str(tmp_path), "job").read()
 
 
+def test_a_torn_line_a_crash_left_is_skipped_after_a_later_life_too(tmp_path: Path) -> None:
+    j = Journal(str(tmp_path), "job")
+    j.append([{"kind": "expire", "now": 1.0, "args": {}}])
+    seg = _segments(tmp_path)[-1]
+    seg.write_bytes(seg.read_bytes() + b'{"kind":"expi')  # the crash, mid-append
+    later = Journal(str(tmp_path), "job")  # the next life appends to a segment of its own
+    later.append([{"kind": "expire", "now": 2.0, "args": {}}])
+    later.close()
+    assert [e["now"] for e in Journal(str(tmp_path), "job").read()] == [1.0, 2.0]
+
+
 def test_a_missing_segment_stops_the_replay(tmp_path: Path) -> None:
     for _ in range(3):  # three coordinator lives, one segment each
         j = Journal(str(tmp_path), "job")

@@ -13,7 +13,7 @@ import pytest
 
 from stoker._proto import agent_pb2 as apb
 from stoker._proto import coordinator_pb2 as pb
-from stoker.coordinator.pacing import Pacer
+from stoker.coordinator.pacing import MAX_PACE, Pacer
 from stoker.coordinator.relay import Relay, Relays, _Waiting, take
 from stoker.errors import AgentError, CoordinatorUnavailable
 
@@ -190,6 +190,10 @@ def test_pace_is_senders_over_the_budget_and_the_silent_are_forgotten() -> None:
     # past the window only the one heard since is left
     assert p.heard("n0", 12.0) == pytest.approx(0.01) and p.senders == 1
     assert Pacer(budget=0.0).heard("n0", 0.0) == 0.0  # no budget: no pace
+    many = Pacer(budget=100.0)
+    for k in range(1000):
+        pace = many.heard(f"n{k}", 0.0)
+    assert pace == MAX_PACE  # past the budget: the wait is bounded, not the rate
 
 
 def test_relays_key_by_coordinator_token_and_settings_and_refuse_once_closed() -> None:

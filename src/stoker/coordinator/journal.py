@@ -5,7 +5,7 @@ one new segment object, ``journal/<job>/<seq>.jsonl``, with one PUT, so a
 segment is whole or absent. On a local path a journal process appends to one
 segment of its own and syncs each flush (fdatasync) (a directory of thousands of small
 files would slow every flush); a crash can leave only its last line cut
-short, and a cut last line of the last segment is the one thing replay skips. A restarted coordinator reads the segments in
+short, and a cut last line of a segment is the one thing replay skips. A restarted coordinator reads the segments in
 order and replays them onto a fresh :class:`~stoker.coordinator.leases.LeaseTable`.
 A segment that does not parse (it cannot be half-written, but it can be
 damaged) stops the replay with an error naming it; nothing is skipped silently.
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 from stoker.errors import ConfigError, StateError
 from stoker.storage import Storage
 
 HEADER = "stoker-journal 1"
+log = logging.getLogger("stoker.coordinator")
 
 
 class Journal:
@@ -88,8 +91,10 @@ class Journal:
             lines = text.split("\n")
             if lines[-1] == "":
                 lines.pop()
-            elif seq == segments[-1][0]:
-                lines.pop()  # the last append of a crashed journal, cut short: never acknowledged
+            elif seq == segments[-1][0] or self.storage.appends:
+                # the last append of a crashed journal process, cut short: never
+                # acknowledged (a restarted one appends to a segment of its own)
+                lines.pop()
             if not lines or lines[0] != HEADER:
                 raise StateError(f"{where}: not a stoker journal segment")
             for n, line in enumerate(lines[1:], 2):
@@ -100,11 +105,19 @@ class Journal:
         return events
 
     # -- images of the table (a restart loads the last, then reads the segments after) --
+    def before(self, segment: int) -> list[int]:
+        """``[segment - 1, its size in bytes]``: what an image taken before ``segment``
+        follows (an image of another journal under the same name does not match)."""
+        if segment <= 1:
+            return [0, 0]
+        return [segment - 1, self.storage.size(f"{self.prefix}/{segment - 1:012d}.jsonl")]
+
     def write_image(self, segment: int, data: bytes) -> None:
         """Store an image of the tables as they were before segment ``segment`` (whole or
-        absent); the images before the one before it go."""
+        absent); older images go but the one before it."""
         self.storage.write_atomic(f"images/{self.job}/{segment:012d}.json", data)
-        for seq in self._images()[:-2]:
+        older = [seq for seq in self._images() if seq < segment]
+        for seq in older[:-1]:
             with contextlib.suppress(OSError):
                 self.storage.remove(f"images/{self.job}/{seq:012d}.json")
 
@@ -115,19 +128,27 @@ class Journal:
             return []
         return sorted(int(b[:-5]) for b in names if b.endswith(".json") and b[:-5].isdigit())
 
-    def last_image(self) -> tuple[int, dict[str, Any]] | None:
-        """``(segment, image)`` of the newest image the journal's segments continue (its
-        segment is at most one past the last), or None."""
+    def images(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(segment, image)`` of the images this journal's segments continue, newest
+        first: an image names the segment before it and that segment's size, which must
+        be this journal's. One that does not read or match is passed over (warned of)."""
         last = self._last_seq()
         for seq in reversed(self._images()):
-            if seq > last + 1:
-                continue
             path = f"images/{self.job}/{seq:012d}.json"
+            where = self.storage.url_of(path)
+            if seq > last + 1:
+                log.warning("%s: passed over, the journal ends at segment %d", where, last)
+                continue
             try:
-                return seq, dict(json.loads(self.storage.read(path)))
+                doc = dict(json.loads(self.storage.read(path)))
+                matches = doc.get("segment") == seq and doc.get("before") == self.before(seq)
             except (OSError, ValueError, TypeError) as exc:
-                raise StateError(f"{self.storage.url_of(path)}: unreadable image ({exc})") from exc
-        return None
+                log.warning("%s: passed over, unreadable (%s)", where, exc)
+                continue
+            if not matches:
+                log.warning("%s: passed over, not an image of this journal", where)
+                continue
+            yield seq, doc
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint_path(self, name: str) -> str:

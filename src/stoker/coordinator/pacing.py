@@ -19,6 +19,11 @@ from __future__ import annotations
 BUDGET = 500.0
 #: A sender not heard from for this long no longer counts.
 WINDOW = 10.0
+#: The longest pace asked: a relay's calls wait at most this long for their message
+#: (beyond some 4,000 nodes the budget is exceeded rather than a rank's confirms or a
+#: reader's next lease held up for longer; well within a consumer's 30 s timeout and a
+#: process's wait for its agent).
+MAX_PACE = 2.0
 
 
 class Pacer:
@@ -41,7 +46,7 @@ class Pacer:
             self._last = {k: t for k, t in self._last.items() if t >= cutoff}
         if self.budget <= 0:
             return 0.0
-        return len(self._last) / self.budget
+        return min(MAX_PACE, len(self._last) / self.budget)
 
     @property
     def senders(self) -> int:

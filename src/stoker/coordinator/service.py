@@ -28,7 +28,7 @@ import logging
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NoReturn
 
 import grpc
@@ -44,7 +44,7 @@ from stoker.coordinator.leases import WAIT, Config, Event, LeaseError, LeaseTabl
 from stoker.coordinator.metrics import CoordinatorMetrics
 from stoker.coordinator.pacing import Pacer
 from stoker.coordinator.pool import OFFER_SECONDS, PoolTable
-from stoker.errors import ConfigError
+from stoker.errors import ConfigError, StateError
 
 log = logging.getLogger("stoker.coordinator")
 
@@ -118,6 +118,8 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.image_every = IMAGE_EVERY
         self._image_events = 0  # events the last image's size stands for
         self._imaging = ThreadPoolExecutor(1, thread_name_prefix="stoker-image")
+        self._storing: Future[None] | None = None  # the image being stored
+        self._previous_doc: dict[str, Any] | None = None  # the previous table's image
         self._checkpoints: dict[tuple[int, str, int], tuple[str, str]] = {}
         self.metrics = CoordinatorMetrics()
         self.pacer = Pacer()  # how often each node's relay may send (under self._lock)
@@ -162,22 +164,20 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         """The tables from the journal (its last image and what follows), a checkpoint, or
         fresh."""
         t0 = time.perf_counter()
-        found = self.journal.last_image() if restore is None else None
-        events = [Event.from_json(e) for e in self.journal.read(found[0] if found else 1)]
-        tables = _split_epochs(events)
         # the epoch before the current one answers its consumers' last calls (DONE, retries)
         self.previous: LeaseTable | None = None
-        chain: list[LeaseTable] = []  # the tables, oldest first (of the image's on)
-        origins = [t[0].args.get("origin", "") for t in tables]
-        if found is not None:
-            imaged = image.load(found[1]["table"])
-            for ev in events[: len(events) - sum(len(t) for t in tables)]:  # before a begin
-                imaged.apply(ev)
-            chain.append(imaged)
-            if found[1].get("previous") is not None:
-                self.previous = image.load(found[1]["previous"])
-            origins.insert(0, str(found[1].get("origin", "")))
-        chain += [LeaseTable.replay(t, self.config) for t in tables[-2:]]
+        found: tuple[int, dict[str, Any]] | None = None
+        got = None
+        for found in self.journal.images() if restore is None else ():
+            try:  # (an image of another stoker version, or one that does not replay: older)
+                got = self._from_image(*found)
+                break
+            except (KeyError, ValueError, TypeError, LeaseError, StateError) as exc:
+                log.warning("image before segment %d passed over: %s", found[0], exc)
+        if got is None:
+            found = None
+            got = self._from_image(1, None)
+        chain, origins, events, imaged_previous = got
         last = chain[-1] if chain else None
         # the checkpoint the journal's run descends from (later epochs' tables too)
         journal_origin = next((o for o in reversed(origins) if o), "")
@@ -204,6 +204,8 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                 )
             if len(chain) > 1:
                 self.previous = chain[-2]
+            else:
+                self.previous = imaged_previous
             self.table = last
             self._taken = len(self.table.events)
             self.table.revive(self._now())
@@ -220,6 +222,31 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.origin = self.table.origin or journal_origin
 
     # -- journal (group commit) ---------------------------------------------------------
+    def _from_image(
+        self, segment: int, doc: dict[str, Any] | None
+    ) -> tuple[list[LeaseTable], list[str], list[Event], LeaseTable | None]:
+        """The tables from the image ``doc`` (None: none) and the journal from ``segment``
+        on, oldest first (only the last two replayed); the origins their begins name; the
+        events read; the table before the image's, from it. Settings: this coordinator's,
+        as for a replay."""
+        events = [Event.from_json(e) for e in self.journal.read(segment)]
+        tables = _split_epochs(events)
+        chain: list[LeaseTable] = []
+        origins = [t[0].args.get("origin", "") for t in tables]
+        previous = None
+        if doc is not None:
+            if doc.get("previous") is not None:
+                previous = image.load(doc["previous"])
+                previous.config = self.config
+            imaged = image.load(doc["table"])
+            imaged.config = self.config
+            for ev in events[: len(events) - sum(len(t) for t in tables)]:  # before a begin
+                imaged.apply(ev)
+            chain.append(imaged)
+            origins.insert(0, str(doc.get("origin", "")))
+        chain += [LeaseTable.replay(t, self.config) for t in tables[-2:]]
+        return chain, origins, events, previous
+
     def _flush(self) -> int:
         """Hand the table's new events to the group commit (call with the lock held);
         returns how many events have been buffered in all, to wait for with :meth:`_sync`.
@@ -232,6 +259,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self._since_freeze += len(new)
         if self.gc_freeze and self._since_freeze >= FREEZE_EVERY:
             self._since_freeze = 0
+            gc.collect(1)  # the young garbage first: frozen, a cycle would stay for good
             gc.freeze()  # what the table holds now is long-lived: out of the collector's way
         self._since_image += len(new)
         if self._since_image >= max(self.image_every, self._image_events):
@@ -242,19 +270,27 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         """Write an image of the tables as of now, the journal's next segment after it,
         so that a restart reads only what follows (call with the lock held: the journal
         is written up to now first, a few ms; the image is stored on a thread)."""
+        if self._storing is not None and not self._storing.done():
+            return  # the last one is still being stored: the next flush tries again
         t = time.perf_counter()
         self._since_image = 0
         segment = self.commit.rotate()
+        if self._previous_doc is None and self.previous is not None:
+            # the epoch before, as it ended (once an epoch; a replay has it so too)
+            self._previous_doc = image.dump(self.previous)
         doc = {
             "segment": segment,
+            "before": self.journal.before(segment),
             "table": image.dump(self.table),
-            "previous": image.dump(self.previous) if self.previous is not None else None,
+            "previous": self._previous_doc,
             "origin": self.origin if hasattr(self, "origin") else "",
         }
         del self.table.events[1 : self._taken]  # journaled and imaged: not kept twice
         self._taken = len(self.table.events)
         # (the image holds copies: it is serialised and stored on a thread)
-        self._imaging.submit(self._store_image, segment, doc, time.perf_counter() - t)
+        self._storing = self._imaging.submit(
+            self._store_image, segment, doc, time.perf_counter() - t
+        )
 
     def _store_image(self, segment: int, doc: dict[str, Any], took: float) -> None:
         try:
@@ -301,6 +337,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         nxt = fresh if self.drop_remainder else _pairs(intervals.make(t.leftover() + fresh))
         self._flush()
         self.previous = t
+        self._previous_doc = None
         self.metrics.close_table(t)
         self.table = LeaseTable(
             t.epoch + 1, nxt, self.world, self.config, stream=t.stream, first_ids=t.next_ids
