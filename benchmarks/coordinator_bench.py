@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -40,7 +39,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from docsection import replace_section  # noqa: E402
+from docsection import publish  # noqa: E402
 
 HEADING = "## Coordinator: lease throughput and stragglers"
 
@@ -349,12 +348,7 @@ def main() -> int:
             "slow_read": slow,
         },
     }
-    out = BENCH / ".work" / f"coordinator{'-quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    if not args.quick:
-        replace_section(ROOT / "docs" / "benchmarks.md", HEADING, render(res))
-    print(render(res))
+    publish(res, "coordinator", args.quick, HEADING, render)
     return 0
 
 

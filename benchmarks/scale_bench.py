@@ -46,7 +46,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from docsection import replace_section  # noqa: E402
+from docsection import publish, replace_section  # noqa: E402
 from machine import git_info, platform_info, proc_cpu  # noqa: E402
 
 HEADING = "## Coordinator at 1,024 nodes: the node relay's load, the journal, a restart"
@@ -437,12 +437,7 @@ def main() -> int:
         "git": git_info(),
         "run": r,
     }
-    out = BENCH / ".work" / f"scale{'-quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    if not args.quick:
-        replace_section(ROOT / "docs" / "benchmarks.md", HEADING, render(res))
-    print(render(res))
+    publish(res, "scale", args.quick, HEADING, render)
     return 0
 
 
