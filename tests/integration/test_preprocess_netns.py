@@ -28,9 +28,11 @@ from .helpers import one_rank, photo_records  # noqa: F401 (one_rank: a fixture)
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("one_rank")]
 
-N, SIZE, PORT, TOKEN = 400, 32, 7091, "netns-preprocess-token"
-#: The slow link: a request's 16 rows of 3 KiB take about 1.5 s on it, against tens of
-#: milliseconds on the other worker's (the slow one's share is its first requests).
+N, SIZE, PORT, TOKEN = 800, 32, 7091, "netns-preprocess-token"
+#: The slow link: a request's 32 rows of 3 KiB take about 3 s on it, against tens of
+#: milliseconds on the other worker's. The slow one's share is bounded by its first
+#: requests (INFLIGHT x CHUNK = 128 rows, made one after another: 12 s), whatever the
+#: machine's load, so the fast one makes at least 4x as many of the 800.
 THROTTLE = ["tbf", "rate", "256kbit", "burst", "16kbit", "latency", "2s"]
 
 
@@ -82,7 +84,7 @@ def test_a_worker_on_a_throttled_link_is_asked_for_less(tmp_path: Path) -> None:
     assert np.array_equal(got["image"], want["image"])
     assert np.array_equal(got["label"], want["label"])
     assert made[addresses["fast"]] + made[addresses["slow"]] == N
-    assert made[addresses["slow"]] * 5 <= made[addresses["fast"]], made
+    assert made[addresses["slow"]] * 4 <= made[addresses["fast"]], made
 
 
 TRAINER = Path(__file__).with_name("pool_trainer.py")
