@@ -24,6 +24,8 @@ from stoker.storage import Storage
 
 HEADER = "stoker-journal 1"
 log = logging.getLogger("stoker.coordinator")
+#: One encoder for every line (json.dumps with separators makes a new one per call).
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class Journal:
@@ -53,7 +55,7 @@ class Journal:
         """Write ``events`` durably; returns the sequence number of their segment."""
         if not events:
             return self._seq - 1
-        lines = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+        lines = "".join(_encode(e) + "\n" for e in events)
         path = f"{self.prefix}/{self._seq:012d}.jsonl"
         if not self.storage.appends:  # an object store: a whole segment per append
             self.storage.write_atomic(path, (HEADER + "\n" + lines).encode())

@@ -494,7 +494,8 @@ class LeaseTable:
         c.last_seen = now
         batches = [kept] if count == 1 else _per_batch(segments, answer, size, count)
         self.log[c.rank].extend(batches)
-        self.log_rows[c.rank] += sum(delivery.rows(b) for b in batches)
+        # (the accepted rows: what the batches hold, without walking them)
+        self.log_rows[c.rank] += sum(n for (_, _, n), a in zip(segments, answer) if a is not None)
         answers[seq] = answer
         while len(answers) > 1 and (oldest := next(iter(answers))) < len(self.log[c.rank]) - RETAIN:
             del answers[oldest]

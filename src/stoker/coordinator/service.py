@@ -508,8 +508,10 @@ class Coordinator(pb_grpc.CoordinatorServicer):
                     code = _CODES.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT).name
                     error = pb.CallError(code=code, message=str(exc), reason=exc.code)
                     results.append(pb.Result(error=error))
-                self._flush()
-                self._advance()
+            # once a message: an epoch done by one of its calls ends here (later calls of
+            # the message went to its table all the same: they name its epoch)
+            self._flush()
+            self._advance()
             mine = self._flush()
             pace = self.pacer.heard(request.sender, time.monotonic())
         if durable:
