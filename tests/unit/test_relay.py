@@ -223,3 +223,46 @@ def test_an_idle_relay_is_closed_when_another_is_made(monkeypatch: pytest.Monkey
     relays._relay(apb.Relay(coordinator="127.0.0.1:2", timeout=1, retry_for=0))
     assert len(relays) == 1 and a._closed
     relays.close()
+
+
+def test_calls_whose_caller_left_before_their_message_are_dropped() -> None:
+    client = Held()
+    relay = Relay(client, tick=0.0)  # type: ignore[arg-type]
+    first = threading.Thread(target=lambda: relay.call([lease(1)]))
+    first.start()
+    assert client.began.acquire(timeout=10)  # message 1 out
+    left = threading.Event()
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            relay.call([lease(2)], gone=left.is_set)
+        except BaseException as exc:
+            errors.append(exc)
+
+    later = threading.Thread(target=ask)
+    later.start()
+    wait_queued(relay, 1)
+    left.set()  # its process gave up (closed its connection)
+    later.join(10)
+    assert isinstance(errors[0], AgentError) and relay.dropped == 1
+    client.go.release()  # message 1 back; nothing else waits
+    first.join(10)
+    relay.close()
+    assert client.messages == [[1]]  # consumer 2's lease was never sent
+
+
+def test_the_agent_sees_a_reader_that_hung_up_while_its_answer_is_due() -> None:
+    import socket
+
+    from stoker.cache.server import _hung_up
+
+    a, b = socket.socketpair()
+    try:
+        assert not _hung_up(a)  # open, nothing sent
+        a.settimeout(None)
+        assert not _hung_up(a)  # (a blocking socket is not blocked by the look)
+        b.close()
+        assert _hung_up(a)
+    finally:
+        a.close()

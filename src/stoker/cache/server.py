@@ -156,7 +156,7 @@ class AgentServer:
                 wire.send(conn, pb.Response(id=hello.id, ack=pb.Ack()))
                 while True:
                     req = self._recv(conn)
-                    wire.send(conn, self._handle(req, client))
+                    wire.send(conn, self._handle(req, client, conn))
         except wire.ProtocolError as exc:
             agent.counters.add("bad_frames")
             n = agent.counters.values["bad_frames"]
@@ -167,7 +167,7 @@ class AgentServer:
         finally:
             agent.leave(client)
 
-    def _handle(self, req: pb.Request, client: int) -> pb.Response:
+    def _handle(self, req: pb.Request, client: int, conn: socket.socket) -> pb.Response:
         agent = self.agent
         kind = req.WhichOneof("kind")
         try:
@@ -188,7 +188,8 @@ class AgentServer:
             if kind == "stats":
                 return pb.Response(id=req.id, stats=pb.Stats(json=json.dumps(agent.stats())))
             if kind == "relay":  # waits for the node's next coordinator message
-                return pb.Response(id=req.id, relayed=agent.relays.call(req.relay))
+                relayed = agent.relays.call(req.relay, lambda: _hung_up(conn))
+                return pb.Response(id=req.id, relayed=relayed)
             if kind == "holdings":
                 return pb.Response(
                     id=req.id, held=pb.Held(blocks=agent.holdings(req.holdings.dataset_id))
@@ -199,3 +200,13 @@ class AgentServer:
                 log.exception("request %s failed", kind)
             error_kind, text, _ = errors.encode(exc)  # "" for an error that is not stoker's
             return pb.Response(id=req.id, error=text, error_kind=error_kind)
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the reader closed ``conn`` (it reads nothing while its answer is due)."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,8 @@ MAX_CALLS = 4096
 #: After the agent failed to carry a call, a process calls the coordinator itself for
 #: this long before it tries the agent again.
 RETRY_SECONDS = 5.0
+#: How often a call waiting for its message checks that its caller is still there.
+WATCH_SECONDS = 0.5
 #: The kinds of call a relay carries (the coordinator's Batch takes these).
 KINDS = frozenset({"lease", "heartbeat", "confirm", "confirm_batch"})
 
@@ -103,14 +106,17 @@ class Relay:
         self._cancel = threading.Event()  # closing: a message being retried is given up
         self.messages = 0
         self.calls = 0
+        self.dropped = 0  # calls whose caller left before they were sent
         self._thread = threading.Thread(target=self._run, daemon=True, name="stoker-relay")
         self._thread.start()
 
-    def call(self, calls: list[pb.Call]) -> list[pb.Result]:
+    def call(self, calls: list[pb.Call], gone: Callable[[], bool] | None = None) -> list[pb.Result]:
         """The answers of ``calls``, each as the coordinator gave it (an answer or a
         ``CallError``), once the message carrying them came back. Raises what the
         message raised (CoordinatorUnavailable past the client's ``retry_for``), and
-        AgentError once the relay stops."""
+        AgentError once the relay stops. ``gone()`` says the caller left (its process
+        gave up and calls the coordinator itself): calls not yet sent are then dropped
+        (a Lease sent late could take positions for a reader that no longer asks)."""
         w = _Waiting(calls)
         with self._cv:
             if self._closed:
@@ -118,9 +124,17 @@ class Relay:
             self.used = time.monotonic()
             self._queue.append(w)
             self._cv.notify_all()
-        while not w.done.wait(1.0):
+        while not w.done.wait(WATCH_SECONDS):
             if not self._thread.is_alive():
                 raise AgentError("the agent's relay thread ended")
+            if gone is not None and gone():
+                with self._cv:
+                    if w in self._queue:  # not taken into a message yet
+                        self._queue.remove(w)
+                        self.dropped += len(w.calls)
+                        if self.counters is not None:
+                            self.counters.add("relay_dropped", len(w.calls))
+                        raise AgentError("the caller left before its calls were sent")
         if w.error is not None:
             raise w.error
         return w.results
@@ -202,8 +216,9 @@ class Relays:
         self._relays: dict[tuple[str, str, float, float], Relay] = {}
         self._closed = False
 
-    def call(self, req: apb.Relay) -> apb.Relayed:
-        """Carry a process's Relay request; its answers in order."""
+    def call(self, req: apb.Relay, gone: Callable[[], bool] | None = None) -> apb.Relayed:
+        """Carry a process's Relay request; its answers in order (``gone``: see
+        :meth:`Relay.call`)."""
         if not req.coordinator:
             raise AgentError("a relayed call names no coordinator")
         if not req.timeout > 0 or req.retry_for < 0:
@@ -223,7 +238,7 @@ class Relays:
                 raise AgentError(f"a relay carries {', '.join(sorted(KINDS))} calls, not {kind}")
             calls.append(call)
         relay = self._relay(req)
-        return apb.Relayed(results=[r.SerializeToString() for r in relay.call(calls)])
+        return apb.Relayed(results=[r.SerializeToString() for r in relay.call(calls, gone)])
 
     def _relay(self, req: apb.Relay) -> Relay:
         from stoker.coordinator.client import CoordinatorClient

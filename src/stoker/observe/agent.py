@@ -39,6 +39,7 @@ class Counters:
         "bad_frames",
         "relay_messages",
         "relay_calls",
+        "relay_dropped",
     )
 
     def __init__(self) -> None:
