@@ -46,8 +46,10 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT / "tests"))
 from docsection import publish, replace_section  # noqa: E402
 from machine import git_info, platform_info, proc_cpu  # noqa: E402
+from servers import free_port  # noqa: E402
 
 HEADING = "## Coordinator at 1,024 nodes: the node relay's load, the journal, a restart"
 RANKS, WORKERS, LEASE, B = 8, 2, 64, 8
@@ -72,14 +74,6 @@ def start(state: Path, port: int, world: int, token: str) -> tuple[subprocess.Po
             threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain the log
             return proc, time.perf_counter() - t0
     raise RuntimeError("the coordinator did not start")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def du(path: Path) -> int:

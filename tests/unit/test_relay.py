@@ -74,19 +74,7 @@ def test_calls_arriving_while_a_message_is_out_go_together_in_the_next() -> None
         results = relay.call([lease(c) for c in consumers])
         got[consumers[0]] = [r.lease.lease for r in results]
 
-    first = threading.Thread(target=ask, args=([1],))
-    first.start()
-    assert client.began.acquire(timeout=10)  # message 1 is out, carrying consumer 1 only
-    later = [threading.Thread(target=ask, args=(c,)) for c in ([2, 3], [4])]
-    for t in later:
-        t.start()
-    wait_queued(relay, 3)  # both wait in the relay's queue before message 1 is let go
-    client.go.release()
-    assert client.began.acquire(timeout=10)
-    client.go.release()
-    for t in [first, *later]:
-        t.join(10)
-    relay.close()
+    two_messages(relay, client, ask, [1], [[2, 3], [4]], queued=3)
     assert client.messages[0] == [1]
     assert sorted(client.messages[1]) == [2, 3, 4] and len(client.messages) == 2
     assert got == {1: [10], 2: [20, 30], 4: [40]}  # each its own answers, in its order
@@ -105,21 +93,29 @@ def test_a_message_that_fails_fails_each_of_its_callers() -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    first = threading.Thread(target=ask, args=(1,))
-    first.start()
-    assert client.began.acquire(timeout=10)  # message 1 out; two more wait for message 2
-    later = [threading.Thread(target=ask, args=(c,)) for c in (2, 3)]
-    for t in later:
+    two_messages(relay, client, ask, 1, [2, 3], queued=2)
+    assert len(errors) == 3 and all(isinstance(e, CoordinatorUnavailable) for e in errors)
+    assert client.messages == [[1], [2, 3]] and relay.messages == 0
+
+
+def two_messages(
+    relay: Relay, client: Held, ask: Any, first: Any, later: list[Any], queued: int
+) -> None:
+    """``ask(first)`` goes out alone in message 1; while it is out, ``ask`` of each of
+    ``later`` waits (``queued`` calls in all), then goes in message 2; the relay closed."""
+    one = threading.Thread(target=ask, args=(first,))
+    one.start()
+    assert client.began.acquire(timeout=10)  # message 1 is out, carrying the first only
+    rest = [threading.Thread(target=ask, args=(x,)) for x in later]
+    for t in rest:
         t.start()
-    wait_queued(relay, 2)
+    wait_queued(relay, queued)  # they wait in the relay's queue before message 1 is let go
     client.go.release()
     assert client.began.acquire(timeout=10)
     client.go.release()
-    for t in [first, *later]:
+    for t in [one, *rest]:
         t.join(10)
     relay.close()
-    assert len(errors) == 3 and all(isinstance(e, CoordinatorUnavailable) for e in errors)
-    assert client.messages == [[1], [2, 3]] and relay.messages == 0
 
 
 def wait_queued(relay: Relay, n: int) -> None:

@@ -101,24 +101,9 @@ def dump(table: LeaseTable) -> dict[str, Any]:
         "assigned": list(t.assigned),
         "consumed": list(t.consumed),
         "consumers": [
-            [
-                c.id,
-                c.rank,
-                c.worker,
-                c.last_seen,
-                c.node,
-                c.rate,
-                c.since,
-                c.read_total,
-                c.alive,
-                list(c.leases),
-            ]
-            for c in t.consumers.values()
+            [*(getattr(c, f) for f in _CONSUMER), list(c.leases)] for c in t.consumers.values()
         ],
-        "leases": [
-            [x.id, x.consumer, x.rank, x.start, x.end, x.horizon, x.read, x.confirmed]
-            for x in t.leases.values()
-        ],
+        "leases": [[getattr(x, f) for f in _LEASE] for x in t.leases.values()],
         "completed": [[k, c, e] for k, (c, e) in t.completed.items()],
         "log": [_runs(per) for per in t.log],
         "log_rows": list(t.log_rows),
@@ -162,7 +147,7 @@ def load(image: dict[str, Any]) -> LeaseTable:
         t.consumers[consumer.id] = consumer
     t.leases = {}
     for x in image["leases"]:
-        lease = Lease(*x)
+        lease = Lease(*x)  # (its fields in _LEASE order)
         t.leases[lease.id] = lease
     t.completed = {int(k): (int(c), int(e)) for k, c, e in image["completed"]}
     t.log = [_batches(per) for per in image["log"]]

@@ -114,6 +114,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
         self.commit = GroupCommit(self.journal)
         self._lock = threading.Lock()  # the tables
         self._taken = 0  # the current table's events handed to the commit
+        self.origin = ""  # the checkpoint the run descends from (set once loaded)
         self._since_image = 0  # events journaled since the last image
         self.image_every = IMAGE_EVERY
         self._image_events = 0  # events the last image's size stands for
@@ -283,7 +284,7 @@ class Coordinator(pb_grpc.CoordinatorServicer):
             "before": self.journal.before(segment),
             "table": image.dump(self.table),
             "previous": self._previous_doc,
-            "origin": self.origin if hasattr(self, "origin") else "",
+            "origin": self.origin,
         }
         del self.table.events[1 : self._taken]  # journaled and imaged: not kept twice
         self._taken = len(self.table.events)
